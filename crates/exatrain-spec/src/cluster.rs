@@ -1,0 +1,243 @@
+use serde::{Deserialize, Serialize};
+
+use crate::SpecError;
+
+/// How well one device's dense GEMMs use its peak, by problem size:
+/// `eff(m, n, k) = max_efficiency · d / (d + half_size)` with `d = 3 / (1/m + 1/n + 1/k)`
+/// (the harmonic mean of the three dimensions). Large square GEMMs approach `max_efficiency`;
+/// a GEMM with one small dimension loses efficiency, as measured cuBLAS/rocBLAS curves do.
+/// The roofline (bytes / HBM bandwidth) bounds thin GEMMs separately.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmEfficiency {
+    pub max_efficiency: f64,
+    pub half_size: f64,
+}
+
+impl GemmEfficiency {
+    /// Fraction of peak a (m × k) · (k × n) GEMM reaches.
+    #[inline]
+    pub fn efficiency(&self, m: f64, n: f64, k: f64) -> f64 {
+        let d = 3.0 / (1.0 / m + 1.0 / n + 1.0 / k);
+        self.max_efficiency * d / (d + self.half_size)
+    }
+}
+
+/// One accelerator (GPU, or GCD for MI250X).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    pub name: String,
+    /// Dense bf16/fp16 matrix peak, TFLOP/s.
+    pub peak_tflops_bf16: f64,
+    /// Dense fp32 peak, TFLOP/s.
+    pub peak_tflops_fp32: f64,
+    /// HBM capacity, GiB.
+    pub hbm_gib: f64,
+    /// HBM bandwidth, GB/s.
+    pub hbm_gbps: f64,
+    /// Fraction of HBM bandwidth memory-bound kernels reach.
+    #[serde(default = "default_mem_eff")]
+    pub memory_efficiency: f64,
+    pub gemm: GemmEfficiency,
+}
+
+fn default_mem_eff() -> f64 {
+    0.8
+}
+
+/// A class of intra-node link: any group of devices that lies inside one aligned block of `span`
+/// consecutive devices of a node talks at `gbps` (per direction, per device). Classes are listed
+/// from the smallest span up; the last one must span the whole node.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkClass {
+    pub span: u32,
+    pub gbps: f64,
+}
+
+/// One node: its devices, their links, its NICs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSpec {
+    pub devices: u32,
+    pub links: Vec<LinkClass>,
+    /// Network interfaces per node.
+    pub nics: u32,
+    /// Per-NIC bandwidth, GB/s per direction.
+    pub nic_gbps: f64,
+}
+
+/// Collective-algorithm constants.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// Per-hop latency inside a node, µs.
+    pub intra_latency_us: f64,
+    /// Per-hop latency between nodes, µs.
+    pub inter_latency_us: f64,
+    /// Fraction of link bandwidth a ring collective reaches (bus bandwidth / link bandwidth).
+    pub efficiency: f64,
+}
+
+/// Facts about the whole system used by time-to-train projections.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SystemSpec {
+    /// Mean time between failures of one node, hours.
+    pub node_mtbf_hours: Option<f64>,
+    /// Aggregate checkpoint write bandwidth of the file system, GB/s.
+    pub checkpoint_write_gbps: Option<f64>,
+    /// Time to restart a job after a failure (requeue, load), seconds.
+    pub restart_s: Option<f64>,
+    /// Power per node under load, kW.
+    pub node_power_kw: Option<f64>,
+}
+
+/// A machine: devices, nodes, network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub name: String,
+    pub device: DeviceSpec,
+    pub node: NodeSpec,
+    pub network: NetworkSpec,
+    /// Memory the framework keeps per device outside the model's tensors (context, communication
+    /// buffers, GEMM workspaces), GiB.
+    #[serde(default = "default_reserved")]
+    pub reserved_gib: f64,
+    /// Fraction of tensor memory lost to allocator fragmentation.
+    #[serde(default = "default_frag")]
+    pub fragmentation: f64,
+    #[serde(default)]
+    pub system: SystemSpec,
+}
+
+fn default_reserved() -> f64 {
+    1.0
+}
+fn default_frag() -> f64 {
+    0.05
+}
+
+fn pos(v: f64, field: &str) -> Result<(), SpecError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(SpecError::new(format!(
+            "cluster: `{field}` must be a positive number, got {v}"
+        )))
+    }
+}
+
+fn fraction(v: f64, field: &str) -> Result<(), SpecError> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(SpecError::new(format!(
+            "cluster: `{field}` must be in (0, 1], got {v}"
+        )))
+    }
+}
+
+impl ClusterSpec {
+    /// Check every field; the cost model assumes a validated spec.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let d = &self.device;
+        pos(d.peak_tflops_bf16, "device.peak_tflops_bf16")?;
+        pos(d.peak_tflops_fp32, "device.peak_tflops_fp32")?;
+        pos(d.hbm_gib, "device.hbm_gib")?;
+        pos(d.hbm_gbps, "device.hbm_gbps")?;
+        fraction(d.memory_efficiency, "device.memory_efficiency")?;
+        fraction(d.gemm.max_efficiency, "device.gemm.max_efficiency")?;
+        if !(d.gemm.half_size.is_finite() && d.gemm.half_size >= 0.0) {
+            return Err(SpecError::new(
+                "cluster: `device.gemm.half_size` must be ≥ 0",
+            ));
+        }
+        let n = &self.node;
+        if n.devices == 0 {
+            return Err(SpecError::new(
+                "cluster: `node.devices` must be a positive integer",
+            ));
+        }
+        if n.nics == 0 {
+            return Err(SpecError::new(
+                "cluster: `node.nics` must be a positive integer",
+            ));
+        }
+        pos(n.nic_gbps, "node.nic_gbps")?;
+        if n.links.is_empty() && n.devices > 1 {
+            return Err(SpecError::new(
+                "cluster: `node.links` needs at least one link class",
+            ));
+        }
+        let mut last = 0;
+        for (i, l) in n.links.iter().enumerate() {
+            pos(l.gbps, &format!("node.links[{i}].gbps"))?;
+            if l.span <= last || n.devices % l.span != 0 {
+                return Err(SpecError::new(format!(
+                    "cluster: `node.links[{i}].span` {} must grow from class to class and divide node.devices {}",
+                    l.span, n.devices
+                )));
+            }
+            last = l.span;
+        }
+        if n.devices > 1 && last != n.devices {
+            return Err(SpecError::new(format!(
+                "cluster: the last `node.links` class must span the whole node ({} devices), got {last}",
+                n.devices
+            )));
+        }
+        let w = &self.network;
+        if !(w.intra_latency_us >= 0.0 && w.inter_latency_us >= 0.0) {
+            return Err(SpecError::new(
+                "cluster: `network.*_latency_us` must be ≥ 0",
+            ));
+        }
+        fraction(w.efficiency, "network.efficiency")?;
+        if !(self.reserved_gib >= 0.0) {
+            return Err(SpecError::new("cluster: `reserved_gib` must be ≥ 0"));
+        }
+        if !(0.0..1.0).contains(&self.fragmentation) {
+            return Err(SpecError::new("cluster: `fragmentation` must be in [0, 1)"));
+        }
+        let s = &self.system;
+        for (v, f) in [
+            (s.node_mtbf_hours, "system.node_mtbf_hours"),
+            (s.checkpoint_write_gbps, "system.checkpoint_write_gbps"),
+            (s.node_power_kw, "system.node_power_kw"),
+        ] {
+            if let Some(v) = v {
+                pos(v, f)?;
+            }
+        }
+        if let Some(r) = s.restart_s {
+            if !(r >= 0.0) {
+                return Err(SpecError::new("cluster: `system.restart_s` must be ≥ 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bandwidth (GB/s per direction per device) for a group whose members lie inside an aligned
+    /// block of `span` devices of one node: the smallest link class that contains the block.
+    pub fn intra_gbps(&self, span: u32) -> f64 {
+        for l in &self.node.links {
+            if span <= l.span {
+                return l.gbps;
+            }
+        }
+        self.node.links.last().map_or(f64::INFINITY, |l| l.gbps)
+    }
+
+    /// Total NIC bandwidth of one node, GB/s per direction.
+    pub fn node_nic_gbps(&self) -> f64 {
+        self.node.nics as f64 * self.node.nic_gbps
+    }
+
+    /// HBM capacity in bytes.
+    pub fn capacity_bytes(&self) -> f64 {
+        self.device.hbm_gib * (1u64 << 30) as f64
+    }
+}

@@ -1,0 +1,398 @@
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Invalid, ModelSpec, SpecError};
+
+/// Activation recomputation (Korthikanti et al. 2022).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Recompute {
+    /// Keep every activation.
+    #[default]
+    None,
+    /// Recompute the attention core (QKᵀ, softmax, dropout, ·V) in backward.
+    Selective,
+    /// Keep only each block's input; rerun the whole block forward in backward.
+    Full,
+}
+
+impl Recompute {
+    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+impl FromStr for Recompute {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "none" => Ok(Recompute::None),
+            "selective" => Ok(Recompute::Selective),
+            "full" => Ok(Recompute::Full),
+            _ => Err(SpecError::new(format!(
+                "--recompute {s} is not known (allowed: none, selective, full)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Recompute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Number format of weights and activations. `Bf16` means mixed precision: bf16 weights, grads and
+/// activations with fp32 master weights and Adam moments; `Fp32` keeps everything in fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Bf16,
+    Fp32,
+}
+
+impl Dtype {
+    /// Bytes of one weight, gradient or activation element.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Dtype::Bf16 => 2.0,
+            Dtype::Fp32 => 4.0,
+        }
+    }
+    /// Optimizer state bytes per parameter (Adam): fp32 master copy + m + v for mixed
+    /// precision (ZeRO paper's K = 12), m + v for fp32.
+    pub fn optimizer_bytes(self) -> f64 {
+        match self {
+            Dtype::Bf16 => 12.0,
+            Dtype::Fp32 => 8.0,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp32 => "fp32",
+        }
+    }
+}
+
+impl FromStr for Dtype {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "bf16" | "fp16" => Ok(Dtype::Bf16),
+            "fp32" => Ok(Dtype::Fp32),
+            _ => Err(SpecError::new(format!(
+                "--dtype {s} is not known (allowed: bf16, fp32)"
+            ))),
+        }
+    }
+}
+
+/// One dimension of the rank grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dim {
+    Tp,
+    Dp,
+    Pp,
+}
+
+/// Order of the rank grid's dimensions, innermost (fastest-varying) first. The default
+/// `tp-dp-pp` gives `rank = tp + tp_size·(dp + dp_size·pp)`, so a TP group is consecutive ranks
+/// and stays inside a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RankOrder(pub [Dim; 3]);
+
+impl Default for RankOrder {
+    fn default() -> Self {
+        RankOrder([Dim::Tp, Dim::Dp, Dim::Pp])
+    }
+}
+
+impl RankOrder {
+    /// All six orders, the default first.
+    pub const ALL: [RankOrder; 6] = [
+        RankOrder([Dim::Tp, Dim::Dp, Dim::Pp]),
+        RankOrder([Dim::Tp, Dim::Pp, Dim::Dp]),
+        RankOrder([Dim::Dp, Dim::Tp, Dim::Pp]),
+        RankOrder([Dim::Dp, Dim::Pp, Dim::Tp]),
+        RankOrder([Dim::Pp, Dim::Tp, Dim::Dp]),
+        RankOrder([Dim::Pp, Dim::Dp, Dim::Tp]),
+    ];
+}
+
+impl fmt::Display for RankOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = |d: Dim| match d {
+            Dim::Tp => "tp",
+            Dim::Dp => "dp",
+            Dim::Pp => "pp",
+        };
+        write!(f, "{}-{}-{}", n(self.0[0]), n(self.0[1]), n(self.0[2]))
+    }
+}
+
+impl FromStr for RankOrder {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let err = || {
+            SpecError::new(format!(
+                "--order {s} is not a rank order (allowed: a permutation of tp, dp, pp joined by '-', innermost first, e.g. tp-dp-pp)"
+            ))
+        };
+        let dims: Vec<Dim> = s
+            .split('-')
+            .map(|p| match p {
+                "tp" => Ok(Dim::Tp),
+                "dp" => Ok(Dim::Dp),
+                "pp" => Ok(Dim::Pp),
+                _ => Err(err()),
+            })
+            .collect::<Result<_, _>>()?;
+        if dims.len() != 3 || dims[0] == dims[1] || dims[1] == dims[2] || dims[0] == dims[2] {
+            return Err(err());
+        }
+        Ok(RankOrder([dims[0], dims[1], dims[2]]))
+    }
+}
+
+impl Serialize for RankOrder {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RankOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How one training step is split across `tp · pp · dp` devices. Field names follow Megatron-LM's
+/// flags (`--tensor-model-parallel-size` → `tp`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelConfig {
+    /// Tensor-parallel size (Megatron column/row-parallel GEMMs).
+    pub tp: u32,
+    /// Pipeline-parallel size (stages).
+    pub pp: u32,
+    /// Data-parallel size (replicas, or ZeRO shards).
+    pub dp: u32,
+    /// Sequences per microbatch per data-parallel rank.
+    pub micro_batch: u32,
+    /// Sequences per optimizer step over all replicas.
+    pub global_batch: u32,
+    /// ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + weights, sharded over DP.
+    #[serde(default)]
+    pub zero: u8,
+    #[serde(default)]
+    pub recompute: Recompute,
+    /// Megatron sequence parallelism (norm/dropout regions sharded over TP along the sequence).
+    #[serde(default)]
+    pub sequence_parallel: bool,
+    /// Model chunks per pipeline stage (interleaved 1F1B); 1 = plain 1F1B.
+    #[serde(default = "one")]
+    pub virtual_stages: u32,
+    /// Fused, blockwise attention (FlashAttention): no s×s tensors stored or streamed.
+    #[serde(default)]
+    pub flash_attention: bool,
+    #[serde(default)]
+    pub dtype: Dtype,
+    /// Overlap the data-parallel gradient reduction with backward.
+    #[serde(default = "yes")]
+    pub overlap_dp: bool,
+    #[serde(default)]
+    pub order: RankOrder,
+}
+
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+impl ParallelConfig {
+    /// A plain layout with defaults for everything but the sizes.
+    pub fn new(tp: u32, pp: u32, dp: u32, micro_batch: u32, global_batch: u32) -> Self {
+        ParallelConfig {
+            tp,
+            pp,
+            dp,
+            micro_batch,
+            global_batch,
+            zero: 0,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            virtual_stages: 1,
+            flash_attention: false,
+            dtype: Dtype::Bf16,
+            overlap_dp: true,
+            order: RankOrder::default(),
+        }
+    }
+
+    pub fn gpus(&self) -> u32 {
+        self.tp * self.pp * self.dp
+    }
+
+    /// Microbatches each pipeline runs per optimizer step (gradient accumulation steps).
+    pub fn microbatches(&self) -> u32 {
+        self.global_batch / (self.micro_batch * self.dp)
+    }
+
+    /// Check the layout against a model and a device count. Allocation-free, so the tuner can call
+    /// it on millions of candidates.
+    pub fn check(&self, model: &ModelSpec, gpus: u32) -> Result<(), Invalid> {
+        for (v, f) in [
+            (self.tp, "tp"),
+            (self.pp, "pp"),
+            (self.dp, "dp"),
+            (self.micro_batch, "micro-batch"),
+            (self.global_batch, "global-batch"),
+            (self.virtual_stages, "virtual-stages"),
+        ] {
+            if v == 0 {
+                return Err(Invalid::ZeroSize(f));
+            }
+        }
+        if self.zero > 3 {
+            return Err(Invalid::Zero { zero: self.zero });
+        }
+        if self.tp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
+            return Err(Invalid::Product {
+                tp: self.tp,
+                pp: self.pp,
+                dp: self.dp,
+                gpus,
+            });
+        }
+        if model.heads % self.tp != 0 {
+            return Err(Invalid::TpHeads {
+                tp: self.tp,
+                heads: model.heads,
+            });
+        }
+        if model.kv_heads % self.tp != 0 {
+            return Err(Invalid::TpKvHeads {
+                tp: self.tp,
+                kv_heads: model.kv_heads,
+            });
+        }
+        if model.ffn_hidden % self.tp != 0 {
+            return Err(Invalid::TpFfn {
+                tp: self.tp,
+                ffn: model.ffn_hidden,
+            });
+        }
+        if model.layers % self.pp != 0 {
+            return Err(Invalid::PpLayers {
+                pp: self.pp,
+                layers: model.layers,
+            });
+        }
+        if self.virtual_stages > 1 {
+            if self.pp == 1 {
+                return Err(Invalid::VirtualNeedsPp);
+            }
+            let per_stage = model.layers / self.pp;
+            if per_stage % self.virtual_stages != 0 {
+                return Err(Invalid::VirtualStages {
+                    virtual_stages: self.virtual_stages,
+                    layers_per_stage: per_stage,
+                });
+            }
+        }
+        let per_step = self.micro_batch as u64 * self.dp as u64;
+        if self.global_batch as u64 % per_step != 0 {
+            return Err(Invalid::Batch {
+                global_batch: self.global_batch,
+                micro_batch: self.micro_batch,
+                dp: self.dp,
+            });
+        }
+        if self.virtual_stages > 1 && self.microbatches() % self.pp != 0 {
+            return Err(Invalid::InterleaveMicrobatches {
+                microbatches: self.microbatches(),
+                pp: self.pp,
+            });
+        }
+        if self.sequence_parallel {
+            if self.tp == 1 {
+                return Err(Invalid::SequenceParallelTp1);
+            }
+            if model.seq_len % self.tp != 0 {
+                return Err(Invalid::SeqTp {
+                    seq_len: model.seq_len,
+                    tp: self.tp,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Size of one grid dimension.
+    pub fn size(&self, d: Dim) -> u32 {
+        match d {
+            Dim::Tp => self.tp,
+            Dim::Dp => self.dp,
+            Dim::Pp => self.pp,
+        }
+    }
+
+    /// Rank distance between neighbours of a `d` group: the product of the sizes of the
+    /// dimensions inside `d` in the rank order.
+    pub fn stride(&self, d: Dim) -> u32 {
+        let mut s = 1;
+        for x in self.order.0 {
+            if x == d {
+                return s;
+            }
+            s *= self.size(x);
+        }
+        unreachable!("a RankOrder holds every Dim")
+    }
+
+    /// Coordinates (tp, dp, pp) of a global rank.
+    pub fn coords(&self, rank: u32) -> (u32, u32, u32) {
+        let mut rest = rank;
+        let mut c = [0u32; 3];
+        for d in self.order.0 {
+            let n = self.size(d);
+            let v = rest % n;
+            rest /= n;
+            match d {
+                Dim::Tp => c[0] = v,
+                Dim::Dp => c[1] = v,
+                Dim::Pp => c[2] = v,
+            }
+        }
+        (c[0], c[1], c[2])
+    }
+
+    /// Global rank of coordinates (tp, dp, pp).
+    pub fn rank(&self, tp: u32, dp: u32, pp: u32) -> u32 {
+        let mut r = 0;
+        for d in self.order.0.iter().rev() {
+            let v = match d {
+                Dim::Tp => tp,
+                Dim::Dp => dp,
+                Dim::Pp => pp,
+            };
+            r = r * self.size(*d) + v;
+        }
+        r
+    }
+}

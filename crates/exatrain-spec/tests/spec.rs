@@ -1,0 +1,277 @@
+use exatrain_spec::{load, presets, Dim, Invalid, ParallelConfig, RankOrder, Recompute};
+
+/// Megatron's parameter count 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)) (Narayanan et al. 2021,
+/// eq. 2); ours adds only the final norm (2h).
+fn megatron_params(l: f64, h: f64, v: f64, s: f64) -> f64 {
+    12.0 * l * h * h * (1.0 + 13.0 / (12.0 * h) + (v + s) / (12.0 * l * h))
+}
+
+#[test]
+fn megatron_table1_parameter_counts() {
+    // (preset, published billions)
+    for (name, published) in [
+        ("mlm21-1.7b", 1.7),
+        ("mlm21-3.6b", 3.6),
+        ("mlm21-7.5b", 7.5),
+        ("mlm21-18.4b", 18.4),
+        ("mlm21-39.1b", 39.1),
+        ("mlm21-76.1b", 76.1),
+        ("mlm21-145.6b", 145.6),
+        ("mlm21-310.1b", 310.1),
+        ("mlm21-529.6b", 529.6),
+        ("mlm21-1008b", 1008.0),
+    ] {
+        let m = presets::model(name).unwrap();
+        let ours = m.params() as f64;
+        let formula = megatron_params(m.layers as f64, m.hidden as f64, 51200.0, 2048.0);
+        assert!(
+            (ours - formula - 2.0 * m.hidden as f64).abs() < 1e-2,
+            "{name}: only the final norm differs"
+        );
+        // the paper rounds to one decimal
+        assert!(
+            (ours / 1e9 - published).abs() <= 0.05,
+            "{name}: {} B vs published {published} B",
+            ours / 1e9
+        );
+    }
+}
+
+#[test]
+fn one_trillion_model_by_hand() {
+    let m = presets::model("mlm21-1008b").unwrap();
+    // per layer: 12h² + 13h; h = 25600
+    let h: u64 = 25600;
+    assert_eq!(m.layer_params(), 12 * h * h + 13 * h);
+    assert_eq!(
+        m.params(),
+        128 * (12 * h * h + 13 * h) + (51200 + 2048) * h + 2 * h
+    );
+    assert_eq!(m.params(), 1_008_038_758_400);
+}
+
+#[test]
+fn llama_counts_match_released_models() {
+    // Released parameter counts from the model cards (exact for 7B/8B, rounded otherwise).
+    for (name, billions) in [
+        ("llama2-7b", 6.738),
+        ("llama2-13b", 13.016),
+        ("llama2-70b", 68.977),
+        ("llama3-8b", 8.030),
+        ("llama3-70b", 70.554),
+        ("llama3-405b", 405.85),
+    ] {
+        let p = presets::model(name).unwrap().params() as f64 / 1e9;
+        assert!(
+            (p - billions).abs() / billions < 0.002,
+            "{name}: {p} B vs {billions} B"
+        );
+    }
+}
+
+#[test]
+fn every_preset_loads_and_validates() {
+    assert!(presets::model_names().len() >= 20);
+    for n in presets::cluster_names() {
+        presets::cluster(n).unwrap().validate().unwrap();
+    }
+    for n in ["frontier", "selene", "dgx-h100", "lumi", "perlmutter"] {
+        assert!(presets::cluster(n).is_ok(), "{n}");
+    }
+    let f = presets::cluster("frontier").unwrap();
+    assert_eq!(f.node.devices, 8);
+    assert_eq!(f.device.peak_tflops_bf16, 191.5);
+    assert_eq!(f.intra_gbps(2), 200.0);
+    assert_eq!(f.intra_gbps(4), 50.0);
+    assert_eq!(f.node_nic_gbps(), 100.0);
+}
+
+#[test]
+fn unknown_preset_lists_known_ones() {
+    let e = load::model("gpt-9000").unwrap_err().to_string();
+    assert!(
+        e.contains("gpt-9000") && e.contains("gpt-175b") && e.contains("llama3-8b"),
+        "{e}"
+    );
+    let e = load::cluster("summit").unwrap_err().to_string();
+    assert!(e.contains("frontier") && e.contains("selene"), "{e}");
+}
+
+#[test]
+fn calculon_json_model() {
+    let json = r#"{"hidden": 12288, "feedforward": 49152, "seq_size": 2048,
+                   "attn_heads": 96, "attn_size": 128, "num_blocks": 96}"#;
+    let m = load::model_from_str(json, true, "gpt3-175B.json").unwrap();
+    assert_eq!(
+        (m.layers, m.hidden, m.heads, m.head_dim, m.ffn_hidden),
+        (96, 12288, 96, 128, 49152)
+    );
+    assert_eq!(m.name, "gpt3-175B");
+}
+
+#[test]
+fn malformed_files_name_line_and_field() {
+    let e = load::model_from_str("layers = 4\nhidden = \"wide\"\n", false, "m.toml")
+        .unwrap_err()
+        .0;
+    assert!(
+        e.contains("m.toml") && e.contains("line 2") && e.contains("hidden"),
+        "{e}"
+    );
+    let e = load::model_from_str("layers = 4\nhiden = 8\n", false, "m.toml")
+        .unwrap_err()
+        .0;
+    assert!(e.contains("hiden") && e.contains("hidden"), "{e}");
+    let e = load::model_from_str(
+        "layers = 4\nhidden = 8\nheads = 3\nseq_len = 8\n",
+        false,
+        "m.toml",
+    )
+    .unwrap_err()
+    .0;
+    assert!(e.contains("heads") && e.contains("head_dim"), "{e}");
+    let e = load::model_from_str("layers = 0\n", false, "m.toml")
+        .unwrap_err()
+        .0;
+    assert!(e.contains("`layers` must be a positive integer"), "{e}");
+    let bad_cluster =
+        include_str!("../presets/clusters.toml").replace("hbm_gib = 80.0", "hbm_gib = -1.0");
+    let table: toml::Table = toml::from_str(&bad_cluster).unwrap();
+    let selene = toml::to_string(&table["selene"]).unwrap();
+    let e = load::cluster_from_str(&selene, false, "c.toml")
+        .unwrap_err()
+        .0;
+    assert!(e.contains("device.hbm_gib"), "{e}");
+}
+
+/// Data-driven: each bad layout and the words its message must contain.
+#[test]
+fn invalid_layouts_are_values_with_clear_messages() {
+    let m = presets::model("gpt-22b").unwrap(); // 48 layers, 48 heads
+    let base = ParallelConfig::new(2, 2, 2, 1, 8);
+    let cases: Vec<(ParallelConfig, u32, &str)> = vec![
+        (
+            ParallelConfig {
+                tp: 5,
+                dp: 1,
+                ..base
+            },
+            10,
+            "--tp 5 does not divide 48 heads",
+        ),
+        (
+            ParallelConfig {
+                pp: 7,
+                dp: 1,
+                tp: 1,
+                ..base
+            },
+            7,
+            "--pp 7 does not divide 48 layers",
+        ),
+        (base, 16, "does not equal --gpus 16"),
+        (
+            ParallelConfig {
+                global_batch: 9,
+                ..base
+            },
+            8,
+            "--global-batch 9 is not divisible",
+        ),
+        (
+            ParallelConfig { zero: 5, ..base },
+            8,
+            "--zero 5 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
+        ),
+        (
+            ParallelConfig {
+                micro_batch: 0,
+                ..base
+            },
+            8,
+            "--micro-batch must be a positive",
+        ),
+        (
+            ParallelConfig {
+                tp: 1,
+                dp: 4,
+                sequence_parallel: true,
+                ..base
+            },
+            8,
+            "--sequence-parallel needs --tp > 1",
+        ),
+        (
+            ParallelConfig {
+                virtual_stages: 5,
+                ..base
+            },
+            8,
+            "--virtual-stages 5 does not divide the 24 layers",
+        ),
+        (
+            ParallelConfig {
+                virtual_stages: 2,
+                global_batch: 2,
+                ..base
+            },
+            8,
+            "multiple of --pp 2",
+        ),
+    ];
+    for (cfg, gpus, want) in cases {
+        let e = cfg.check(&m, gpus).expect_err(want);
+        assert!(
+            e.to_string().contains(want),
+            "{cfg:?}: got {e}, want {want}"
+        );
+    }
+    assert!(base.check(&m, 8).is_ok());
+    assert_eq!(
+        ParallelConfig {
+            tp: 5,
+            dp: 1,
+            ..base
+        }
+        .check(&m, 10),
+        Err(Invalid::TpHeads { tp: 5, heads: 48 })
+    );
+}
+
+#[test]
+fn rank_grid_round_trips_in_every_order() {
+    for order in RankOrder::ALL {
+        let c = ParallelConfig {
+            order,
+            ..ParallelConfig::new(2, 3, 4, 1, 12)
+        };
+        let mut seen = vec![false; 24];
+        for r in 0..24 {
+            let (t, d, p) = c.coords(r);
+            assert!(t < 2 && d < 4 && p < 3);
+            assert_eq!(c.rank(t, d, p), r, "{order}");
+            seen[r as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        // neighbours along a dim are `stride` ranks apart
+        for d in [Dim::Tp, Dim::Dp, Dim::Pp] {
+            let s = c.stride(d);
+            let (t, dd, p) = c.coords(0);
+            let next = match d {
+                Dim::Tp => c.rank(t + 1, dd, p),
+                Dim::Dp => c.rank(t, dd + 1, p),
+                Dim::Pp => c.rank(t, dd, p + 1),
+            };
+            assert_eq!(next, s, "{order} {d:?}");
+        }
+    }
+    // default order: rank = tp + tp_size·(dp + dp_size·pp)
+    let c = ParallelConfig::new(2, 3, 4, 1, 12);
+    assert_eq!(c.rank(1, 2, 1), 1 + 2 * (2 + 4 * 1));
+    assert_eq!(
+        "pp-dp-tp".parse::<RankOrder>().unwrap().to_string(),
+        "pp-dp-tp"
+    );
+    assert!("tp-tp-dp".parse::<RankOrder>().is_err());
+    assert!("full".parse::<Recompute>().is_ok() && "some".parse::<Recompute>().is_err());
+}
