@@ -104,9 +104,6 @@ pub struct ModelFile {
     pub bias: Option<bool>,
     /// default: true
     pub dropout: Option<bool>,
-    // Calculon fields we read but do not use.
-    #[serde(rename = "typical_param_count", default)]
-    _typical_param_count: Option<serde_json::Value>,
 }
 
 fn required(v: Option<u32>, field: &str) -> Result<u32, SpecError> {

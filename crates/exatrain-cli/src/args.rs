@@ -1,0 +1,104 @@
+//! Flags shared by the subcommands, named as in Megatron-LM where one exists.
+
+use clap::Args;
+use exatrain_spec::{
+    load, ClusterSpec, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError,
+};
+
+/// `--model` and `--cluster`.
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Model preset name or TOML/JSON file (Calculon model JSON accepted).
+    #[arg(long, default_value = "gpt-175b")]
+    pub model: String,
+    /// Cluster preset name or TOML/JSON file.
+    #[arg(long, default_value = "frontier")]
+    pub cluster: String,
+}
+
+impl SpecArgs {
+    pub fn load(&self) -> Result<(ModelSpec, ClusterSpec), SpecError> {
+        Ok((load::model(&self.model)?, load::cluster(&self.cluster)?))
+    }
+}
+
+/// The layout flags of `plan` (and later `train`): one `ParallelConfig`.
+#[derive(Args, Clone, Debug)]
+pub struct LayoutArgs {
+    /// Total devices (GPUs / GCDs).
+    #[arg(long, default_value_t = 1024)]
+    pub gpus: u32,
+    /// Tensor-parallel size (--tensor-model-parallel-size).
+    #[arg(long, default_value_t = 4)]
+    pub tp: u32,
+    /// Pipeline-parallel size (--pipeline-model-parallel-size).
+    #[arg(long, default_value_t = 16)]
+    pub pp: u32,
+    /// Data-parallel size; default gpus / (tp·pp).
+    #[arg(long)]
+    pub dp: Option<u32>,
+    /// Sequences per microbatch per data-parallel rank.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: u32,
+    /// Sequences per optimizer step.
+    #[arg(long, default_value_t = 1024)]
+    pub global_batch: u32,
+    /// ZeRO stage 0-3 (1 = Megatron's --use-distributed-optimizer).
+    #[arg(long, default_value_t = 1)]
+    pub zero: u8,
+    /// Activation recomputation: none, selective or full.
+    #[arg(long, default_value = "selective")]
+    pub recompute: String,
+    /// Megatron sequence parallelism (needs --tp > 1).
+    #[arg(long)]
+    pub sequence_parallel: bool,
+    /// Model chunks per pipeline stage (interleaved 1F1B); 1 = plain 1F1B.
+    #[arg(long, default_value_t = 1)]
+    pub virtual_stages: u32,
+    /// Use fused blockwise (flash) attention.
+    #[arg(long)]
+    pub flash_attention: bool,
+    /// bf16 (mixed precision) or fp32.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
+    /// Do not overlap the data-parallel reduction with backward.
+    #[arg(long)]
+    pub no_overlap_dp: bool,
+    /// Rank order, innermost first (a permutation of tp, dp, pp).
+    #[arg(long, default_value = "tp-dp-pp")]
+    pub order: String,
+}
+
+impl LayoutArgs {
+    /// The config, checked against the model.
+    pub fn config(&self, model: &ModelSpec) -> Result<ParallelConfig, SpecError> {
+        let cells = self.tp as u64 * self.pp as u64;
+        let dp = match self.dp {
+            Some(d) => d,
+            None if cells > 0 && self.gpus as u64 % cells == 0 => (self.gpus as u64 / cells) as u32,
+            None => {
+                return Err(SpecError::new(format!(
+                    "--gpus {} is not divisible by --tp {} × --pp {}",
+                    self.gpus, self.tp, self.pp
+                )))
+            }
+        };
+        let cfg = ParallelConfig {
+            tp: self.tp,
+            pp: self.pp,
+            dp,
+            micro_batch: self.micro_batch,
+            global_batch: self.global_batch,
+            zero: self.zero,
+            recompute: self.recompute.parse::<Recompute>()?,
+            sequence_parallel: self.sequence_parallel,
+            virtual_stages: self.virtual_stages,
+            flash_attention: self.flash_attention,
+            dtype: self.dtype.parse::<Dtype>()?,
+            overlap_dp: !self.no_overlap_dp,
+            order: self.order.parse::<RankOrder>()?,
+        };
+        cfg.check(model, self.gpus)?;
+        Ok(cfg)
+    }
+}

@@ -1,0 +1,107 @@
+//! `exatrain plan`.
+
+use clap::Args;
+use exatrain_cost::{plan, Plan};
+use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig, SpecError};
+
+use crate::args::{LayoutArgs, SpecArgs};
+use crate::table::{bytes, pct, secs};
+
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: PlanArgs) -> Result<(), SpecError> {
+    let (model, cluster) = a.spec.load()?;
+    let cfg = a.layout.config(&model)?;
+    let p = plan(&model, &cluster, &cfg)?;
+    if a.json {
+        println!("{}", to_json(&model, &cluster, &cfg, &p));
+    } else {
+        print_human(&model, &cluster, &cfg, &p);
+    }
+    Ok(())
+}
+
+/// Plan fields plus the inputs that produced them.
+pub fn to_json(
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    cfg: &ParallelConfig,
+    p: &Plan,
+) -> serde_json::Value {
+    let mut v = serde_json::to_value(p).expect("plan serializes");
+    let o = v.as_object_mut().expect("object");
+    o.insert("model".into(), model.name.clone().into());
+    o.insert("cluster".into(), cluster.name.clone().into());
+    o.insert("gpus".into(), cfg.gpus().into());
+    o.insert(
+        "config".into(),
+        serde_json::to_value(cfg).expect("config serializes"),
+    );
+    v
+}
+
+pub fn print_human(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfig, p: &Plan) {
+    println!(
+        "{} ({:.1} B params) on {} × {} ({} nodes of {})",
+        model.name,
+        p.params / 1e9,
+        cfg.gpus(),
+        cluster.device.name,
+        cfg.gpus().div_ceil(cluster.node.devices),
+        cluster.node.devices
+    );
+    println!(
+        "layout: tp {} · pp {} · dp {} | micro-batch {} · global batch {} ({} microbatches) | zero {} | recompute {} | sp {} | virtual stages {} | flash {} | {} | order {}",
+        cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.global_batch, p.microbatches, cfg.zero,
+        cfg.recompute, cfg.sequence_parallel, cfg.virtual_stages, cfg.flash_attention,
+        cfg.dtype.as_str(), cfg.order
+    );
+    let m = &p.memory_bytes;
+    println!("\nmemory per device");
+    for (k, v) in [
+        ("weights", m.weights),
+        ("grads", m.grads),
+        ("optimizer", m.optimizer),
+        ("activations", m.activations),
+        ("other", m.other),
+        ("total", m.total),
+    ] {
+        println!("  {k:<12} {:>12}  {}", bytes(v), pct(v, m.total));
+    }
+    println!("  {:<12} {:>12}", "capacity", bytes(p.capacity_bytes));
+    if p.fits {
+        println!("  fits, {} free", bytes(p.headroom_bytes));
+    } else {
+        println!("  DOES NOT FIT: over by {}", bytes(-p.headroom_bytes));
+    }
+    let t = &p.time_s;
+    println!("\nstep time");
+    for (k, v) in [
+        ("compute", t.compute),
+        ("tp_comm", t.tp_comm),
+        ("pp_comm", t.pp_comm),
+        ("dp_comm", t.dp_comm),
+        ("bubble", t.bubble),
+        ("optimizer", t.optimizer),
+        ("step", p.step_time_s),
+    ] {
+        println!("  {k:<12} {:>12}  {}", secs(v), pct(v, p.step_time_s));
+    }
+    println!(
+        "\nthroughput: {:.0} tokens/s | {:.1} model TFLOP/s per device (MFU {:.1} %) | {:.1} hardware TFLOP/s (HFU {:.1} %)",
+        p.tokens_per_s,
+        p.tflops_per_gpu,
+        100.0 * p.mfu,
+        p.hfu_tflops_per_gpu,
+        100.0 * p.hfu
+    );
+}

@@ -1,0 +1,305 @@
+//! `exatrain validate`: the planner against measured runs.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use exatrain_cost::{flops, plan};
+use exatrain_spec::{load, ModelFile, ParallelConfig, Recompute, SpecError};
+use serde::{Deserialize, Serialize};
+
+const BUNDLED: &str = include_str!("../../../data/published-runs.csv");
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    /// CSV with the columns of data/published-runs.csv (default: that file, bundled).
+    #[arg(long)]
+    pub runs: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also fit the cluster's GEMM efficiency curve (max_efficiency, half_size) to the runs, and
+    /// report the fitted values with their in-sample and leave-one-out errors.
+    #[arg(long)]
+    pub fit: bool,
+}
+
+/// One measured run (a row of the CSV).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Run {
+    pub name: String,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    pub seq: u32,
+    pub vocab: u32,
+    pub gpus: u32,
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    pub mbs: u32,
+    pub gbs: u32,
+    /// layers per virtual pipeline stage, or "-"
+    pub interleave: String,
+    pub recompute: String,
+    pub seq_parallel: String,
+    pub cluster: String,
+    /// hfu_tflops | mfu
+    pub metric: String,
+    pub measured: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub name: String,
+    pub metric: String,
+    pub measured: f64,
+    pub predicted: f64,
+    pub rel_error: f64,
+}
+
+fn field<T>(r: Result<T, SpecError>, run: &str) -> Result<T, SpecError> {
+    r.map_err(|e| SpecError::new(format!("run {run}: {e}")))
+}
+
+/// A run turned into the planner's types.
+pub struct Case {
+    pub model: exatrain_spec::ModelSpec,
+    pub cluster: exatrain_spec::ClusterSpec,
+    pub cfg: ParallelConfig,
+    pub metric: String,
+    pub measured: f64,
+}
+
+/// Predict a run's metric from its row.
+pub fn predict(run: &Run) -> Result<f64, SpecError> {
+    let case = to_case(run)?;
+    predict_case(&case, &case.cluster).map_err(|e| SpecError::new(format!("run {}: {e}", run.name)))
+}
+
+/// Predict a case's metric on a given cluster (the case's own, or a refitted one).
+pub fn predict_case(c: &Case, cluster: &exatrain_spec::ClusterSpec) -> Result<f64, SpecError> {
+    let p = plan(&c.model, cluster, &c.cfg)?;
+    match c.metric.as_str() {
+        "hfu_tflops" => Ok(flops::megatron_formula(
+            &c.model,
+            c.cfg.global_batch,
+            c.cfg.recompute == Recompute::Full,
+        ) / p.step_time_s
+            / c.cfg.gpus() as f64
+            / 1e12),
+        "mfu" => Ok(p.mfu),
+        "tflops" => Ok(p.tflops_per_gpu),
+        other => Err(SpecError::new(format!(
+            "metric `{other}` is not known (allowed: hfu_tflops, mfu, tflops)"
+        ))),
+    }
+}
+
+/// Turn a CSV row into specs, checking every field.
+pub fn to_case(run: &Run) -> Result<Case, SpecError> {
+    let model = ModelFile {
+        name: Some(run.name.clone()),
+        layers: Some(run.layers),
+        hidden: Some(run.hidden),
+        heads: Some(run.heads),
+        seq_len: Some(run.seq),
+        vocab: Some(run.vocab),
+        padded_vocab: Some(run.vocab),
+        ..Default::default()
+    };
+    let model = field(model.resolve(&run.name), &run.name)?;
+    let cluster = field(load::cluster(&run.cluster), &run.name)?;
+    let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
+    let virtual_stages = match run.interleave.as_str() {
+        "-" | "" => 1,
+        s => {
+            let per: u32 = s.parse().map_err(|_| {
+                SpecError::new(format!(
+                    "run {}: interleave `{s}` is not a number or '-'",
+                    run.name
+                ))
+            })?;
+            if per == 0 || run.pp == 0 || model.layers % (run.pp * per) != 0 {
+                return Err(SpecError::new(format!(
+                    "run {}: interleave {per} layers per virtual stage does not divide {} layers over pp {}",
+                    run.name, model.layers, run.pp
+                )));
+            }
+            model.layers / (run.pp * per)
+        }
+    };
+    let cfg = ParallelConfig {
+        zero: 0,
+        recompute,
+        sequence_parallel: matches!(run.seq_parallel.as_str(), "yes" | "true" | "1"),
+        virtual_stages,
+        ..ParallelConfig::new(run.tp, run.pp, run.dp, run.mbs, run.gbs)
+    };
+    cfg.check(&model, run.gpus)
+        .map_err(|e| SpecError::new(format!("run {}: {e}", run.name)))?;
+    if !matches!(run.metric.as_str(), "hfu_tflops" | "mfu" | "tflops") {
+        return Err(SpecError::new(format!(
+            "run {}: metric `{}` is not known (allowed: hfu_tflops, mfu, tflops)",
+            run.name, run.metric
+        )));
+    }
+    Ok(Case {
+        model,
+        cluster,
+        cfg,
+        metric: run.metric.clone(),
+        measured: run.measured,
+    })
+}
+
+/// Median |relative error| of `cases` on `cluster` with the GEMM curve replaced by `g`.
+fn median_error(cases: &[&Case], g: exatrain_spec::GemmEfficiency) -> f64 {
+    let errs: Vec<f64> = cases
+        .iter()
+        .map(|c| {
+            let mut cl = c.cluster.clone();
+            cl.device.gemm = g;
+            predict_case(c, &cl).map_or(f64::INFINITY, |p| ((p - c.measured) / c.measured).abs())
+        })
+        .collect();
+    median(&errs)
+}
+
+/// Grid search for the GEMM curve that minimises the median |error| (all cases must share one
+/// cluster). Returns the curve.
+pub fn fit_gemm(cases: &[&Case]) -> exatrain_spec::GemmEfficiency {
+    let mut best = (f64::INFINITY, cases[0].cluster.device.gemm);
+    for i in 0..=90 {
+        let max_efficiency = 0.50 + 0.005 * i as f64;
+        for j in 0..=60 {
+            let g = exatrain_spec::GemmEfficiency {
+                max_efficiency,
+                half_size: 20.0 * j as f64,
+            };
+            let e = median_error(cases, g);
+            if e < best.0 {
+                best = (e, g);
+            }
+        }
+    }
+    best.1
+}
+
+pub fn read_runs(text: &str, origin: &str) -> Result<Vec<Run>, SpecError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .comment(Some(b'#'))
+        .trim(csv::Trim::All)
+        .from_reader(text.as_bytes());
+    let mut runs = Vec::new();
+    for (i, r) in rdr.deserialize().enumerate() {
+        let run: Run = r.map_err(|e| SpecError::new(format!("{origin}: row {}: {e}", i + 1)))?;
+        runs.push(run);
+    }
+    if runs.is_empty() {
+        return Err(SpecError::new(format!(
+            "{origin}: no runs (expected a header and at least one row)"
+        )));
+    }
+    Ok(runs)
+}
+
+pub fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
+    let (text, origin) = match &a.runs {
+        Some(p) => (
+            std::fs::read_to_string(p)
+                .map_err(|e| SpecError::new(format!("--runs {}: cannot read: {e}", p.display())))?,
+            p.display().to_string(),
+        ),
+        None => (BUNDLED.to_string(), "data/published-runs.csv".to_string()),
+    };
+    let runs = read_runs(&text, &origin)?;
+    let mut rows = Vec::new();
+    for r in &runs {
+        let predicted = predict(r)?;
+        rows.push(Row {
+            name: r.name.clone(),
+            metric: r.metric.clone(),
+            measured: r.measured,
+            predicted,
+            rel_error: (predicted - r.measured) / r.measured,
+        });
+    }
+    if a.fit {
+        let cases: Vec<Case> = runs.iter().map(to_case).collect::<Result<_, _>>()?;
+        let name = &cases[0].cluster.name;
+        if let Some(c) = cases.iter().find(|c| &c.cluster.name != name) {
+            return Err(SpecError::new(format!(
+                "--fit needs runs on one cluster; found {name} and {}",
+                c.cluster.name
+            )));
+        }
+        let all: Vec<&Case> = cases.iter().collect();
+        let g = fit_gemm(&all);
+        let mut loo = Vec::new();
+        for i in 0..cases.len() {
+            let rest: Vec<&Case> = cases
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, c)| c)
+                .collect();
+            let gi = fit_gemm(&rest);
+            loo.push(median_error(&[&cases[i]], gi));
+        }
+        println!(
+            "fit for {name}: gemm = {{ max_efficiency = {:.3}, half_size = {:.0} }}: in-sample median |error| {:.1} %, leave-one-out median {:.1} %, max {:.1} %",
+            g.max_efficiency,
+            g.half_size,
+            100.0 * median_error(&all, g),
+            100.0 * median(&loo),
+            100.0 * loo.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+    let errs: Vec<f64> = rows.iter().map(|r| r.rel_error.abs()).collect();
+    let med = median(&errs);
+    let (worst_i, max) =
+        errs.iter().enumerate().fold(
+            (0, 0.0f64),
+            |acc, (i, &e)| if e > acc.1 { (i, e) } else { acc },
+        );
+    if a.json {
+        let out = serde_json::json!({
+            "runs": rows, "median_abs_rel_error": med, "max_abs_rel_error": max,
+            "worst": rows[worst_i].name,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "{:<16} {:<11} {:>10} {:>10} {:>8}",
+            "run", "metric", "measured", "predicted", "error"
+        );
+        for r in &rows {
+            println!(
+                "{:<16} {:<11} {:>10.2} {:>10.2} {:>+7.1}%",
+                r.name,
+                r.metric,
+                r.measured,
+                r.predicted,
+                100.0 * r.rel_error
+            );
+        }
+        println!(
+            "\nmedian |error| {:.1} %, max |error| {:.1} % ({})",
+            100.0 * med,
+            100.0 * max,
+            rows[worst_i].name
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! End-to-end tests of the `exatrain` binary.
+
+use std::process::{Command, Output};
+
+fn exatrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = exatrain(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn plan_default_is_175b_on_128_frontier_nodes_with_every_field() {
+    let v = json(&["plan", "--json"]);
+    assert_eq!(v["model"], "gpt-175b");
+    assert_eq!(v["cluster"], "frontier");
+    assert_eq!(v["gpus"], 1024);
+    assert!(v["fits"].is_boolean());
+    for k in [
+        "weights",
+        "grads",
+        "optimizer",
+        "activations",
+        "other",
+        "total",
+    ] {
+        assert!(v["memory_bytes"][k].as_f64().unwrap() >= 0.0, "{k}");
+    }
+    let mut sum = 0.0;
+    for k in [
+        "compute",
+        "tp_comm",
+        "pp_comm",
+        "dp_comm",
+        "bubble",
+        "optimizer",
+    ] {
+        sum += v["time_s"][k].as_f64().unwrap();
+    }
+    let step = v["step_time_s"].as_f64().unwrap();
+    assert!((sum - step).abs() < 1e-9 * step);
+    for k in [
+        "capacity_bytes",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "hfu_tflops_per_gpu",
+        "mfu",
+        "hfu",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    assert!(v["mfu"].as_f64().unwrap() < 1.0);
+}
+
+#[test]
+fn plan_human_output_has_both_tables() {
+    let out = exatrain(&[
+        "plan",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--global-batch",
+        "64",
+    ]);
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success());
+    for w in [
+        "memory per device",
+        "activations",
+        "step time",
+        "bubble",
+        "MFU",
+    ] {
+        assert!(s.contains(w), "missing {w}: {s}");
+    }
+}
+
+#[test]
+fn plan_reports_a_misfit_without_failing() {
+    let v = json(&[
+        "plan",
+        "--json",
+        "--model",
+        "gpt-1t",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--global-batch",
+        "8",
+    ]);
+    assert_eq!(v["fits"], false);
+    assert!(v["headroom_bytes"].as_f64().unwrap() < 0.0);
+}
+
+/// Data-driven: bad input → exit 2 and one line naming the field.
+#[test]
+fn bad_input_gets_a_clear_error_and_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--tp",
+                "5",
+                "--pp",
+                "1",
+                "--gpus",
+                "10",
+                "--global-batch",
+                "10",
+            ],
+            "--tp 5 does not divide 48 heads",
+        ),
+        (
+            &[
+                "plan",
+                "--model",
+                "gpt-22b",
+                "--tp",
+                "1",
+                "--pp",
+                "7",
+                "--gpus",
+                "7",
+                "--global-batch",
+                "7",
+            ],
+            "--pp 7 does not divide 48 layers",
+        ),
+        (
+            &[
+                "plan", "--tp", "4", "--pp", "16", "--dp", "2", "--gpus", "1024",
+            ],
+            "does not equal --gpus 1024",
+        ),
+        (
+            &["plan", "--global-batch", "100"],
+            "--global-batch 100 is not divisible by --micro-batch 1 × --dp 16",
+        ),
+        (
+            &["plan", "--zero", "5"],
+            "--zero 5 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
+        ),
+        (
+            &["plan", "--micro-batch", "0"],
+            "--micro-batch must be a positive integer",
+        ),
+        (
+            &["plan", "--model", "gpt-9"],
+            "known presets: bench, gpt-175b",
+        ),
+        (
+            &["plan", "--cluster", "summit"],
+            "known presets: dgx-h100, frontier",
+        ),
+        (
+            &["plan", "--recompute", "half"],
+            "allowed: none, selective, full",
+        ),
+        (
+            &["plan", "--gpus", "1000"],
+            "--gpus 1000 is not divisible by --tp 4 × --pp 16",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = exatrain(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: got {err}, want {want}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one line, got {err}"
+        );
+    }
+}
+
+#[test]
+fn malformed_model_file_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("exatrain-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.toml");
+    std::fs::write(&f, "layers = 4\nhidden = [1]\n").unwrap();
+    let out = exatrain(&["plan", "--model", f.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(err.contains("line 2") && err.contains("hidden"), "{err}");
+    let calculon = dir.join("gpt3-13B.json");
+    std::fs::write(&calculon, r#"{"hidden": 5120, "feedforward": 20480, "seq_size": 2048, "attn_heads": 40, "attn_size": 128, "num_blocks": 40}"#).unwrap();
+    let v = json(&[
+        "plan",
+        "--json",
+        "--model",
+        calculon.to_str().unwrap(),
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "64",
+    ]);
+    assert_eq!(v["model"], "gpt3-13B");
+}
+
+#[test]
+fn validate_median_error_on_published_runs_is_at_most_5_percent() {
+    let v = json(&["validate", "--json"]);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 10);
+    let med = v["median_abs_rel_error"].as_f64().unwrap();
+    assert!(med <= 0.05, "median error {med}");
+    assert!(v["max_abs_rel_error"].as_f64().unwrap() < 0.10);
+}
+
+#[test]
+fn validate_rejects_a_bad_csv() {
+    let dir = std::env::temp_dir().join(format!("exatrain-val-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("runs.csv");
+    std::fs::write(&f, "name,layers\nx,notanumber\n").unwrap();
+    let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("row 1"));
+}

@@ -1,0 +1,163 @@
+//! Compute time on one device: each GEMM on a roofline (the device's efficiency curve for its
+//! shape, bounded by HBM traffic), the attention core, and memory-bound element-wise ops.
+//! Times are for one microbatch on one device of a TP group, in seconds.
+
+use exatrain_spec::{ClusterSpec, Dtype, GemmEfficiency, Mlp, ModelSpec, ParallelConfig};
+
+/// What a device delivers for a given number format.
+#[derive(Debug, Clone, Copy)]
+pub struct Device {
+    /// Dense peak, FLOP/s.
+    pub peak: f64,
+    /// Achieved HBM bandwidth for streaming kernels, bytes/s.
+    pub mem_bw: f64,
+    pub gemm: GemmEfficiency,
+}
+
+impl Device {
+    pub fn new(c: &ClusterSpec, dtype: Dtype) -> Self {
+        let tflops = match dtype {
+            Dtype::Bf16 => c.device.peak_tflops_bf16,
+            Dtype::Fp32 => c.device.peak_tflops_fp32,
+        };
+        Device {
+            peak: tflops * 1e12,
+            mem_bw: c.device.hbm_gbps * 1e9 * c.device.memory_efficiency,
+            gemm: c.device.gemm,
+        }
+    }
+
+    /// `batch` GEMMs of (m × k)·(k × n) with `e`-byte elements: the slower of the compute time at
+    /// the shape's efficiency and the time to stream the three matrices.
+    #[inline]
+    pub fn gemm(&self, batch: f64, m: f64, n: f64, k: f64, e: f64) -> f64 {
+        let flops = 2.0 * batch * m * n * k;
+        let t_compute = flops / (self.peak * self.gemm.efficiency(m, n, k));
+        let t_memory = batch * (m * k + k * n + m * n) * e / self.mem_bw;
+        t_compute.max(t_memory)
+    }
+
+    /// A memory-bound kernel that moves `bytes`.
+    #[inline]
+    pub fn stream(&self, bytes: f64) -> f64 {
+        bytes / self.mem_bw
+    }
+}
+
+/// Forward time of one transformer block, one microbatch, one device, by part.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BlockTime {
+    /// The four weight GEMMs (QKV, attention out, MLP up/gate, MLP down).
+    pub gemm: f64,
+    /// The attention core: QKᵀ, softmax, dropout, ·V (or one fused flash kernel).
+    pub core: f64,
+    /// Norms, residual adds, dropouts, activation function, rotary embedding.
+    pub elementwise: f64,
+}
+
+impl BlockTime {
+    pub fn total(&self) -> f64 {
+        self.gemm + self.core + self.elementwise
+    }
+}
+
+/// Forward time of one block. Shapes per device: T = b·s tokens, TP shards heads and the FFN
+/// width; with sequence parallelism the norm/dropout/residual region works on T/t tokens,
+/// without it every TP rank repeats that work on all T.
+pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime {
+    let e = p.dtype.bytes();
+    let t = p.tp as f64;
+    let b = p.micro_batch as f64;
+    let s = m.seq_len as f64;
+    let h = m.hidden as f64;
+    let tokens = b * s;
+    let q = m.q_dim() as f64;
+    let kv = m.kv_dim() as f64;
+    let f = m.ffn_hidden as f64;
+    let up = (m.mlp_matrices() - 1) as f64; // 1 for GELU, 2 for SwiGLU (gate + up)
+    let heads = m.heads as f64 / t;
+    let hd = m.head_dim as f64;
+
+    let gemm = d.gemm(1.0, tokens, (q + 2.0 * kv) / t, h, e)
+        + d.gemm(1.0, tokens, h, q / t, e)
+        + d.gemm(1.0, tokens, up * f / t, h, e)
+        + d.gemm(1.0, tokens, h, f / t, e);
+
+    let core = if p.flash_attention {
+        // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM.
+        let t_flops = 0.5 * (d.gemm(b * heads, s, s, hd, 0.0) + d.gemm(b * heads, s, hd, s, 0.0));
+        let io = b * s * (q + 2.0 * kv + q) / t * e;
+        t_flops.max(d.stream(io))
+    } else {
+        let scores = b * heads * s * s;
+        let drop = if m.dropout {
+            scores * (2.0 * e + 1.0)
+        } else {
+            0.0
+        };
+        d.gemm(b * heads, s, s, hd, e)
+            + d.gemm(b * heads, s, hd, s, e)
+            + d.stream(scores * 2.0 * e + drop) // fused scale-mask-softmax, then dropout
+    };
+
+    let region = if p.sequence_parallel {
+        tokens * h / t
+    } else {
+        tokens * h
+    };
+    let norms = 2.0 * 2.0 * region * e;
+    let residual = 2.0 * (3.0 * region * e + if m.dropout { region } else { 0.0 });
+    let act = match m.mlp {
+        Mlp::Gelu => 2.0 * tokens * f / t * e,
+        Mlp::Swiglu => 3.0 * tokens * f / t * e,
+    };
+    let rope = match m.position {
+        exatrain_spec::Position::Rope => 2.0 * tokens * (q + kv) / t * e,
+        exatrain_spec::Position::Learned => 0.0,
+    };
+    let elementwise = d.stream(norms + residual + act + rope);
+    BlockTime {
+        gemm,
+        core,
+        elementwise,
+    }
+}
+
+/// Forward + backward (+ recomputation) time of one block, one microbatch. Backward GEMMs cost
+/// twice the forward (data and weight gradients have the forward's dimensions); element-wise
+/// backward moves about twice the bytes; flash attention's backward is 2.5× its forward (it
+/// recomputes the scores).
+pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
+    let fwd = block_forward(m, p, d);
+    let core_bwd = if p.flash_attention { 2.5 } else { 2.0 } * fwd.core;
+    let bwd = 2.0 * fwd.gemm + core_bwd + 2.0 * fwd.elementwise;
+    let recompute = match p.recompute {
+        exatrain_spec::Recompute::None => 0.0,
+        exatrain_spec::Recompute::Selective if p.flash_attention => 0.0, // nothing s² is stored anyway
+        exatrain_spec::Recompute::Selective => fwd.core,
+        exatrain_spec::Recompute::Full => fwd.total(),
+    };
+    fwd.total() + bwd + recompute
+}
+
+/// Forward + backward of the input embedding (first stage), one microbatch.
+pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
+    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let h = m.hidden as f64;
+    let e = p.dtype.bytes();
+    // gather rows (+ add positions), then the scatter-add of their gradients: ~3 passes each way
+    d.stream(3.0 * tokens * h * e) * 3.0
+}
+
+/// Forward + backward of the final norm, output head and cross-entropy (last stage), one
+/// microbatch. Logits are vocabulary-parallel (V/t per rank); the loss works in fp32.
+pub fn head_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
+    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let h = m.hidden as f64;
+    let v = m.padded_vocab as f64 / p.tp as f64;
+    let e = p.dtype.bytes();
+    let logits = d.gemm(1.0, tokens, v, h, e);
+    let ce = d.stream(tokens * v * 4.0 * 3.0); // max, exp-sum, gradient
+    let norm = d.stream(2.0 * tokens * h * e);
+    3.0 * (logits + norm) + ce
+}

@@ -1,0 +1,93 @@
+//! Bytes held per device, by category.
+//!
+//! Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+//! Transformer Models", §4), term by term, so that for GPT (MHA, ffn = 4h, dropout, 16-bit) one
+//! block stores `s·b·h·(34 + 5·a·s/h)` bytes without parallelism, `s·b·h·(10 + 24/t + 5·a·s/(h·t))`
+//! with TP, `s·b·h/t·(34 + 5·a·s/h)` with TP + SP, the `5·a·s/h` term removed by selective
+//! recomputation (or flash attention), and `2·s·b·h` (/t with SP) under full recomputation.
+
+use exatrain_spec::{Mlp, ModelSpec, ParallelConfig, Position, Recompute};
+
+/// Activation bytes one block stores for backward, one microbatch, one device.
+pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
+    let e = p.dtype.bytes();
+    let t = p.tp as f64;
+    let sp = if p.sequence_parallel { t } else { 1.0 };
+    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let h = m.hidden as f64;
+    if p.recompute == Recompute::Full {
+        return tokens * h * e / sp; // the block's input only
+    }
+    let mask = if m.dropout { 1.0 } else { 0.0 };
+    // Replicated across TP unless sequence-parallel: two norm inputs, the two norm outputs that
+    // feed the column-parallel GEMMs, two dropout masks.
+    let replicated = tokens * h * (4.0 * e + 2.0 * mask) / sp;
+    // Sharded by TP: Q, K, V, the attention output (input of the out projection), the MLP.
+    let q = m.q_dim() as f64;
+    let kv = m.kv_dim() as f64;
+    let f = m.ffn_hidden as f64;
+    let mlp = match m.mlp {
+        Mlp::Gelu => 2.0 * f,   // fc1 output, GELU output
+        Mlp::Swiglu => 3.0 * f, // gate, up, product
+    };
+    let sharded = tokens * (2.0 * q + 2.0 * kv + mlp) * e / t;
+    // The s×s part: softmax output (+ dropout mask and output). Gone with flash attention
+    // (it keeps an fp32 log-sum-exp per row) or with selective recomputation.
+    let s = m.seq_len as f64;
+    let scores = p.micro_batch as f64 * m.heads as f64 / t * s * s;
+    let core = if p.flash_attention {
+        p.micro_batch as f64 * m.heads as f64 / t * s * 4.0
+    } else if p.recompute == Recompute::Selective {
+        0.0
+    } else {
+        scores * (e + mask * (1.0 + e))
+    };
+    replicated + sharded + core
+}
+
+/// Microbatches (chunks, for interleaving) whose activations pipeline rank `r` holds at its peak.
+/// 1F1B: `min(m, p - r)`; interleaved 1F1B with v chunks: `min(m·v, 2(p-r-1) + (v-1)·p + 1)`
+/// (Megatron's warm-up count + 1), each chunk holding `L/(p·v)` blocks.
+pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
+    let (pp, v, m) = (
+        p.pp as u64,
+        p.virtual_stages as u64,
+        p.microbatches() as u64,
+    );
+    let r = rank as u64;
+    let n = if v == 1 {
+        pp - r
+    } else {
+        2 * (pp - r - 1) + (v - 1) * pp + 1
+    };
+    n.min(m * v) as f64
+}
+
+/// Parameters held by one device of a pipeline stage (before ZeRO sharding), split as
+/// (first stage, last stage) — the two stages with extra layers — for one TP rank.
+pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64) {
+    let t = p.tp as f64;
+    let (bias_sharded, bias_replicated) = m.layer_bias_params();
+    let block = (m.layer_matrix_params() + bias_sharded) as f64 / t
+        + (bias_replicated + 2 * m.norm_params()) as f64;
+    let blocks = (m.layers / p.pp) as f64 * block;
+    let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
+    let pos = match m.position {
+        Position::Learned => m.seq_len as f64 * m.hidden as f64,
+        Position::Rope => 0.0,
+    };
+    let norm = m.norm_params() as f64;
+    // The output head: its own matrix when untied; when tied and pp > 1 the last stage keeps a
+    // copy of the embedding (Megatron), when tied and pp = 1 it is the same tensor.
+    let head = if !m.tied_embeddings || p.pp > 1 {
+        table
+    } else {
+        0.0
+    };
+    if p.pp == 1 {
+        let all = blocks + table + pos + head + norm;
+        (all, all)
+    } else {
+        (blocks + table + pos, blocks + head + norm)
+    }
+}

@@ -1,0 +1,301 @@
+//! The composition: memory and step time of one layout.
+
+use exatrain_spec::{ClusterSpec, Dim, Invalid, ModelSpec, ParallelConfig, Recompute};
+use serde::Serialize;
+
+use crate::comm::{self, group_link};
+use crate::compute::{self, Device};
+use crate::{flops, memory};
+
+/// Bytes held by one device at its peak (the pipeline stage that holds the most).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Memory {
+    pub weights: f64,
+    pub grads: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    /// Framework reserve (context, communication buffers, workspaces), ZeRO-3 prefetch buffers and
+    /// allocator fragmentation.
+    pub other: f64,
+    pub total: f64,
+}
+
+/// One optimizer step, by term, in seconds; the terms add up to `step_time_s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Times {
+    /// Forward, backward and recomputation of the slowest pipeline stage, all microbatches.
+    pub compute: f64,
+    /// Tensor-parallel collectives (not overlapped, as in Megatron-LM).
+    pub tp_comm: f64,
+    /// Pipeline send/recv between stages.
+    pub pp_comm: f64,
+    /// The exposed part of the data-parallel gradient reduction / ZeRO gathers.
+    pub dp_comm: f64,
+    /// Pipeline fill and drain: (p - 1)/v microbatch times.
+    pub bubble: f64,
+    /// The optimizer update (memory-bound).
+    pub optimizer: f64,
+}
+
+impl Times {
+    pub fn total(&self) -> f64 {
+        self.compute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble + self.optimizer
+    }
+}
+
+/// Bytes one device sends per step, by collective kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CommBytes {
+    pub tp: f64,
+    pub pp: f64,
+    pub dp: f64,
+}
+
+/// Everything the planner predicts for one layout.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Plan {
+    pub fits: bool,
+    pub memory_bytes: Memory,
+    pub capacity_bytes: f64,
+    /// capacity − total: negative when the layout does not fit, by that much.
+    pub headroom_bytes: f64,
+    pub step_time_s: f64,
+    pub time_s: Times,
+    pub tokens_per_s: f64,
+    /// Model TFLOP/s per device (no recomputation counted).
+    pub tflops_per_gpu: f64,
+    /// Hardware TFLOP/s per device (recomputation counted; Megatron's count under full recompute).
+    pub hfu_tflops_per_gpu: f64,
+    pub mfu: f64,
+    pub hfu: f64,
+    pub microbatches: u32,
+    pub params: f64,
+    pub model_flops_per_step: f64,
+    pub hardware_flops_per_step: f64,
+    pub comm_bytes: CommBytes,
+}
+
+/// Predict memory and step time. Invalid layouts are returned as values for the caller to count.
+pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, Invalid> {
+    p.check(m, p.gpus())?;
+    let d = Device::new(c, p.dtype);
+    let e = p.dtype.bytes();
+    let mb = p.microbatches();
+    let mbf = mb as f64;
+    let (tp, pp, dp, v) = (p.tp, p.pp, p.dp, p.virtual_stages as f64);
+    let blocks = (m.layers / pp) as f64;
+    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let act_msg = tokens * m.hidden as f64 * e; // one full activation tensor
+
+    // --- per microbatch, per stage: compute and TP communication
+    let block = compute::block_train(m, p, &d);
+    let emb = compute::embedding_train(m, p, &d);
+    let head = compute::head_train(m, p, &d);
+    let (first_c, last_c) = if pp == 1 {
+        (blocks * block + emb + head, blocks * block + emb + head)
+    } else {
+        (blocks * block + emb, blocks * block + head)
+    };
+    let tp_link = group_link(c, tp, p.stride(Dim::Tp));
+    let per_pair = if p.sequence_parallel {
+        comm::all_gather(act_msg, tp, tp_link) + comm::reduce_scatter(act_msg, tp, tp_link)
+    } else {
+        comm::all_reduce(act_msg, tp, tp_link)
+    };
+    // forward 2, backward 2, re-forward 2 under full recomputation
+    let collectives = if p.recompute == Recompute::Full {
+        6.0
+    } else {
+        4.0
+    };
+    let tp_block = collectives * per_pair;
+    // The vocabulary-parallel embedding reduces its output; the head reduces its input gradient.
+    let (first_tp, last_tp) = if pp == 1 {
+        (
+            blocks * tp_block + 2.0 * per_pair,
+            blocks * tp_block + 2.0 * per_pair,
+        )
+    } else {
+        (blocks * tp_block + per_pair, blocks * tp_block + per_pair)
+    };
+    let (stage_c, stage_tp) = if first_c + first_tp >= last_c + last_tp {
+        (first_c, first_tp)
+    } else {
+        (last_c, last_tp)
+    };
+    let nf = tp as f64;
+    let ring = |k: f64| {
+        if tp > 1 {
+            k * (nf - 1.0) / nf * act_msg
+        } else {
+            0.0
+        }
+    };
+    // A ring all-reduce sends 2(n-1)/n of the buffer; all-gather + reduce-scatter send the same.
+    let tp_bytes_block = collectives * ring(2.0);
+    let tp_bytes = mbf * (blocks * tp_bytes_block + ring(2.0) * if pp == 1 { 2.0 } else { 1.0 });
+
+    // --- pipeline
+    let (pp_comm, pp_bytes) = if pp > 1 {
+        // Scatter-gather optimisation: each TP rank sends its 1/t slice across stages.
+        let msg = act_msg / tp as f64;
+        let link = group_link(c, pp, p.stride(Dim::Pp));
+        (
+            2.0 * v * mbf * comm::send_recv(msg, link),
+            2.0 * v * mbf * msg,
+        )
+    } else {
+        (0.0, 0.0)
+    };
+    let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp);
+
+    // --- data parallel and the optimizer
+    let (first_p, last_p) = memory::stage_params(m, p);
+    let params_dev = first_p.max(last_p);
+    let grad_bytes = params_dev * e;
+    let dp_link = group_link(c, dp, p.stride(Dim::Dp));
+    let bwd_mb = stage_c * 2.0 / 3.0; // the backward part of one microbatch
+    let hide = |t: f64, window: f64| {
+        if p.overlap_dp {
+            (t - window).max(0.0)
+        } else {
+            t
+        }
+    };
+    let dpf = dp as f64;
+    let ring_bytes = |full: f64| {
+        if dp > 1 {
+            (dpf - 1.0) / dpf * full
+        } else {
+            0.0
+        }
+    };
+    let (dp_comm, dp_bytes) = match p.zero {
+        0 => (
+            hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb),
+            2.0 * ring_bytes(grad_bytes),
+        ),
+        1 => (
+            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
+                + comm::all_gather(grad_bytes, dp, dp_link),
+            2.0 * ring_bytes(grad_bytes),
+        ),
+        2 => (
+            mbf * hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
+                + comm::all_gather(grad_bytes, dp, dp_link),
+            (mbf + 1.0) * ring_bytes(grad_bytes),
+        ),
+        _ => {
+            let per_mb = 2.0 * comm::all_gather(grad_bytes, dp, dp_link)
+                + comm::reduce_scatter(grad_bytes, dp, dp_link);
+            (
+                mbf * hide(per_mb, stage_c + stage_tp),
+                mbf * 3.0 * ring_bytes(grad_bytes),
+            )
+        }
+    };
+    let opt_params = if p.zero >= 1 {
+        params_dev / dpf
+    } else {
+        params_dev
+    };
+    let optimizer = d.stream(opt_params * (28.0 + e));
+
+    let time_s = Times {
+        compute: mbf * stage_c,
+        tp_comm: mbf * stage_tp,
+        pp_comm,
+        dp_comm,
+        bubble,
+        optimizer,
+    };
+    let step = time_s.total();
+
+    // --- memory: the first and the last stage, whichever holds more
+    let shard = |x: f64, from: u8| if p.zero >= from { x / dpf } else { x };
+    let act_block = memory::block_activations(m, p);
+    let working = if p.recompute == Recompute::Full {
+        memory::block_activations(
+            m,
+            &ParallelConfig {
+                recompute: Recompute::None,
+                ..*p
+            },
+        )
+    } else {
+        0.0
+    };
+    let blocks_per_chunk = blocks / v;
+    let sp = if p.sequence_parallel { tp as f64 } else { 1.0 };
+    let mask = if m.dropout { 1.0 } else { 0.0 };
+    let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0;
+    let stage_memory = |params: f64, rank: u32, first: bool, last: bool| {
+        let chunks = memory::chunks_in_flight(p, rank);
+        let mut act = act_block * blocks_per_chunk * chunks + working;
+        if first {
+            act += tokens * m.hidden as f64 * mask / sp * chunks / v;
+        }
+        if last {
+            act += logits;
+        }
+        let weights = shard(params * e, 3);
+        let grads = shard(params * e, 2);
+        let optimizer = shard(params * p.dtype.optimizer_bytes(), 1);
+        let prefetch = if p.zero >= 3 {
+            2.0 * params / blocks * e
+        } else {
+            0.0
+        };
+        let tensors = weights + grads + optimizer + act;
+        let other = c.reserved_gib * (1u64 << 30) as f64 + prefetch + c.fragmentation * tensors;
+        Memory {
+            weights,
+            grads,
+            optimizer,
+            activations: act,
+            other,
+            total: tensors + other,
+        }
+    };
+    let first_mem = stage_memory(first_p, 0, true, pp == 1);
+    let memory_bytes = if pp == 1 {
+        first_mem
+    } else {
+        let last_mem = stage_memory(last_p, pp - 1, false, true);
+        if last_mem.total > first_mem.total {
+            last_mem
+        } else {
+            first_mem
+        }
+    };
+    let capacity = c.capacity_bytes();
+
+    let gpus = p.gpus() as f64;
+    let model_flops = flops::model_step(m, p.global_batch);
+    let hw_flops = flops::hardware_step(m, p.global_batch, p.recompute);
+    let tflops = model_flops / step / gpus / 1e12;
+    let hfu_tflops = hw_flops / step / gpus / 1e12;
+    let peak = d.peak / 1e12;
+    Ok(Plan {
+        fits: memory_bytes.total <= capacity,
+        memory_bytes,
+        capacity_bytes: capacity,
+        headroom_bytes: capacity - memory_bytes.total,
+        step_time_s: step,
+        time_s,
+        tokens_per_s: p.global_batch as f64 * m.seq_len as f64 / step,
+        tflops_per_gpu: tflops,
+        hfu_tflops_per_gpu: hfu_tflops,
+        mfu: tflops / peak,
+        hfu: hfu_tflops / peak,
+        microbatches: mb,
+        params: m.params() as f64,
+        model_flops_per_step: model_flops,
+        hardware_flops_per_step: hw_flops,
+        comm_bytes: CommBytes {
+            tp: tp_bytes,
+            pp: pp_bytes,
+            dp: dp_bytes,
+        },
+    })
+}

@@ -1,0 +1,309 @@
+use exatrain_cost::comm::{self, group_link, Link};
+use exatrain_cost::{flops, memory, plan};
+use exatrain_spec::{presets, Dim, ModelFile, ParallelConfig, Recompute};
+
+fn gpt(layers: u32, hidden: u32, heads: u32, seq: u32, vocab: u32) -> exatrain_spec::ModelSpec {
+    ModelFile {
+        layers: Some(layers),
+        hidden: Some(hidden),
+        heads: Some(heads),
+        seq_len: Some(seq),
+        vocab: Some(vocab),
+        ..Default::default()
+    }
+    .resolve("gpt")
+    .unwrap()
+}
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs().max(1e-300)
+}
+
+#[test]
+fn hardware_flops_equal_megatron_formula_under_full_recompute() {
+    for name in ["mlm21-1.7b", "mlm21-145.6b", "mlm21-1008b", "gpt-175b"] {
+        let m = presets::model(name).unwrap();
+        let ours = flops::hardware_step(&m, 512, Recompute::Full);
+        let megatron = flops::megatron_formula(&m, 512, true);
+        assert!(close(ours, megatron, 1e-12), "{name}: {ours} vs {megatron}");
+        // model FLOPs: 72·B·s·l·h²·(1 + s/6h + V/12lh) — the logits counted forward + backward
+        let (b, s, l, h, v) = (
+            512.0,
+            m.seq_len as f64,
+            m.layers as f64,
+            m.hidden as f64,
+            m.padded_vocab as f64,
+        );
+        let model = 72.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
+        assert!(close(flops::model_step(&m, 512), model, 1e-12), "{name}");
+    }
+}
+
+#[test]
+fn flops_count_gqa_swiglu_and_untied_heads() {
+    let m = presets::model("llama3-8b").unwrap();
+    let (s, h, q, kv, f, v) = (8192.0, 4096.0, 4096.0, 1024.0, 14336.0, 128256.0);
+    let per_layer = 2.0 * s * (h * (q + 2.0 * kv) + q * h + 3.0 * h * f) + 4.0 * s * s * q;
+    let fwd = 32.0 * per_layer + 2.0 * s * h * v;
+    assert!(close(flops::model_step(&m, 1), 3.0 * fwd, 1e-12));
+    // 6·N·tokens rule (matmul params incl. head) plus the attention term
+    let six_n = 6.0 * m.matmul_params() as f64 * s + 3.0 * 32.0 * 4.0 * s * s * q;
+    assert!(close(flops::model_step(&m, 1), six_n, 1e-12));
+}
+
+/// Korthikanti et al. 2022, Table 2, for a GPT block (16-bit, dropout): bytes per block.
+#[test]
+fn korthikanti_activation_bytes_per_block() {
+    let m = presets::model("gpt-175b").unwrap();
+    let (s, b, h, a) = (2048.0, 2.0, 12288.0, 96.0);
+    let sbh = s * b * h;
+    for t in [1u32, 2, 4, 8] {
+        let tf = t as f64;
+        let base = ParallelConfig {
+            tp: t,
+            dp: 1,
+            ..ParallelConfig::new(t, 1, 1, 2, 2)
+        };
+        let none = memory::block_activations(&m, &base);
+        assert!(
+            close(
+                none,
+                sbh * (10.0 + 24.0 / tf + 5.0 * a * s / (h * tf)),
+                1e-12
+            ),
+            "tp {t}"
+        );
+        if t > 1 {
+            let sp = ParallelConfig {
+                sequence_parallel: true,
+                ..base
+            };
+            let v = memory::block_activations(&m, &sp);
+            assert!(
+                close(v, sbh / tf * (34.0 + 5.0 * a * s / h), 1e-12),
+                "tp {t} sp"
+            );
+            let sel = ParallelConfig {
+                recompute: Recompute::Selective,
+                ..sp
+            };
+            assert!(close(
+                memory::block_activations(&m, &sel),
+                sbh * 34.0 / tf,
+                1e-12
+            ));
+            let full = ParallelConfig {
+                recompute: Recompute::Full,
+                ..sp
+            };
+            assert!(close(
+                memory::block_activations(&m, &full),
+                2.0 * sbh / tf,
+                1e-12
+            ));
+        }
+        let sel = ParallelConfig {
+            recompute: Recompute::Selective,
+            ..base
+        };
+        assert!(close(
+            memory::block_activations(&m, &sel),
+            sbh * (10.0 + 24.0 / tf),
+            1e-12
+        ));
+    }
+}
+
+#[test]
+fn pipeline_in_flight_microbatches() {
+    // 1F1B: rank r holds min(m, p - r); interleaved: p·v + p - 1 chunks on rank 0 (Megatron warm-up + 1)
+    let c = ParallelConfig::new(1, 4, 1, 1, 16);
+    assert_eq!(memory::chunks_in_flight(&c, 0), 4.0);
+    assert_eq!(memory::chunks_in_flight(&c, 3), 1.0);
+    let few = ParallelConfig::new(1, 4, 1, 1, 2);
+    assert_eq!(memory::chunks_in_flight(&few, 0), 2.0);
+    let v = ParallelConfig {
+        virtual_stages: 2,
+        ..c
+    };
+    assert_eq!(memory::chunks_in_flight(&v, 0), 4.0 * 2.0 + 3.0);
+    // Korthikanti: interleaving stores L·(1 + (p-1)/(p·v)) blocks on rank 0
+    let blocks_per_chunk = 48.0 / (4.0 * 2.0);
+    assert_eq!(
+        blocks_per_chunk * memory::chunks_in_flight(&v, 0),
+        48.0 * (1.0 + 3.0 / 8.0)
+    );
+}
+
+#[test]
+fn model_state_bytes_by_zero_stage() {
+    let m = presets::model("mlm21-7.5b").unwrap();
+    let c = presets::cluster("selene").unwrap();
+    let n = m.params() as f64;
+    let mut prev = f64::INFINITY;
+    for zero in 0..=3u8 {
+        let cfg = ParallelConfig {
+            zero,
+            ..ParallelConfig::new(1, 1, 8, 1, 64)
+        };
+        let p = plan(&m, &c, &cfg).unwrap();
+        let mb = p.memory_bytes;
+        let (w, g, o) = match zero {
+            0 => (2.0 * n, 2.0 * n, 12.0 * n),
+            1 => (2.0 * n, 2.0 * n, 12.0 * n / 8.0),
+            2 => (2.0 * n, 2.0 * n / 8.0, 12.0 * n / 8.0),
+            _ => (2.0 * n / 8.0, 2.0 * n / 8.0, 12.0 * n / 8.0),
+        };
+        assert!(
+            close(mb.weights, w, 1e-12)
+                && close(mb.grads, g, 1e-12)
+                && close(mb.optimizer, o, 1e-12),
+            "zero {zero}"
+        );
+        assert!(mb.weights + mb.grads + mb.optimizer < prev);
+        prev = mb.weights + mb.grads + mb.optimizer;
+        assert!(close(
+            mb.total,
+            mb.weights + mb.grads + mb.optimizer + mb.activations + mb.other,
+            1e-12
+        ));
+    }
+}
+
+#[test]
+fn collective_costs_by_hand() {
+    let l = Link {
+        bytes_per_s: 100e9,
+        latency_s: 0.0,
+        inter_node: false,
+    };
+    // ring all-reduce: 2(n-1)/n · M / B
+    assert!(close(
+        comm::all_reduce(1e9, 8, l),
+        2.0 * 7.0 / 8.0 * 1e9 / 100e9,
+        1e-12
+    ));
+    assert!(close(
+        comm::reduce_scatter(1e9, 8, l),
+        7.0 / 8.0 * 1e9 / 100e9,
+        1e-12
+    ));
+    assert_eq!(comm::all_reduce(1e9, 1, l), 0.0);
+    // small messages take the tree: latency 2·log2(n)·α beats 2(n-1)·α
+    let lat = Link {
+        bytes_per_s: 100e9,
+        latency_s: 1e-5,
+        inter_node: true,
+    };
+    assert!(close(
+        comm::all_reduce(8.0, 64, lat),
+        2.0 * 8.0 / 100e9 + 2.0 * 6.0 * 1e-5,
+        1e-9
+    ));
+}
+
+#[test]
+fn groups_use_the_link_they_cross() {
+    let f = presets::cluster("frontier").unwrap();
+    let eff = f.network.efficiency;
+    // TP 2 on one MI250X: 200 GB/s; TP 8 across the node: 50 GB/s
+    assert!(close(group_link(&f, 2, 1).bytes_per_s, 200e9 * eff, 1e-12));
+    assert!(close(group_link(&f, 8, 1).bytes_per_s, 50e9 * eff, 1e-12));
+    // DP 16 with TP 8 inside the node: one member per node, 8 rings share 4 × 25 GB/s
+    let dp = group_link(&f, 16, 8);
+    assert!(dp.inter_node && close(dp.bytes_per_s, 100e9 / 8.0 * eff, 1e-12));
+    // DP 16 with TP 2: 4 members per node, 2 rings share the NICs -> 50 GB/s each (= intra class)
+    let dp = group_link(&f, 16, 2);
+    assert!(dp.inter_node && close(dp.bytes_per_s, 50e9 * eff, 1e-12));
+    // the rank order decides: DP innermost puts the DP group inside the node instead of TP
+    let cfg = ParallelConfig {
+        order: "dp-tp-pp".parse().unwrap(),
+        ..ParallelConfig::new(8, 1, 8, 1, 8)
+    };
+    assert_eq!(cfg.stride(Dim::Dp), 1);
+    assert_eq!(cfg.stride(Dim::Tp), 8);
+    assert!(group_link(&f, 8, cfg.stride(Dim::Tp)).inter_node);
+}
+
+#[test]
+fn step_terms_add_up_and_vanish_without_parallelism() {
+    let m = gpt(4, 512, 8, 256, 1024);
+    let c = presets::cluster("selene").unwrap();
+    let p = plan(&m, &c, &ParallelConfig::new(1, 1, 1, 2, 8)).unwrap();
+    let t = p.time_s;
+    assert_eq!(
+        (t.tp_comm, t.pp_comm, t.dp_comm, t.bubble),
+        (0.0, 0.0, 0.0, 0.0)
+    );
+    assert!(close(p.step_time_s, t.compute + t.optimizer, 1e-12));
+    assert_eq!(p.microbatches, 4);
+    assert!(close(p.tokens_per_s, 8.0 * 256.0 / p.step_time_s, 1e-12));
+    assert!(close(
+        p.tflops_per_gpu * 1e12 * p.step_time_s,
+        flops::model_step(&m, 8),
+        1e-9
+    ));
+}
+
+#[test]
+fn bubble_is_p_minus_1_over_v_m_of_the_work() {
+    let m = presets::model("gpt-22b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    for (pp, v, gb) in [(4u32, 1u32, 64u32), (8, 1, 32), (4, 2, 64), (4, 3, 64)] {
+        let cfg = ParallelConfig {
+            virtual_stages: v,
+            ..ParallelConfig::new(2, pp, 2, 1, gb)
+        };
+        let p = plan(&m, &c, &cfg).unwrap();
+        let mb = p.microbatches as f64;
+        let work = p.time_s.compute + p.time_s.tp_comm;
+        let want = (pp as f64 - 1.0) / (v as f64 * mb);
+        assert!(close(p.time_s.bubble / work, want, 1e-12), "pp {pp} v {v}");
+    }
+}
+
+#[test]
+fn a_layout_that_does_not_fit_says_by_how_much() {
+    let m = presets::model("gpt-1t").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let p = plan(&m, &c, &ParallelConfig::new(8, 1, 1, 1, 1)).unwrap();
+    assert!(!p.fits);
+    assert!(close(
+        -p.headroom_bytes,
+        p.memory_bytes.total - c.capacity_bytes(),
+        1e-12
+    ));
+    // weights alone: 2 bytes × ~1T / 8
+    assert!(p.memory_bytes.weights > 2.0 * 1.0e12 / 8.0);
+}
+
+#[test]
+fn memory_savers_save_memory_and_cost_time() {
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let base = ParallelConfig::new(8, 16, 8, 1, 256);
+    let run = |cfg: ParallelConfig| plan(&m, &c, &cfg).unwrap();
+    let b = run(base);
+    let sp = run(ParallelConfig {
+        sequence_parallel: true,
+        ..base
+    });
+    let full = run(ParallelConfig {
+        recompute: Recompute::Full,
+        ..base
+    });
+    let flash = run(ParallelConfig {
+        flash_attention: true,
+        ..base
+    });
+    assert!(sp.memory_bytes.activations < b.memory_bytes.activations);
+    assert!(full.memory_bytes.activations < b.memory_bytes.activations);
+    assert!(full.time_s.compute > b.time_s.compute && full.time_s.tp_comm > b.time_s.tp_comm);
+    assert!(flash.memory_bytes.activations < b.memory_bytes.activations);
+    assert!(flash.time_s.compute < b.time_s.compute);
+    // TP communication volume: 4 all-reduces of b·s·h·2 bytes per block, 2(n-1)/n of each sent
+    let msg = 2048.0 * 12288.0 * 2.0;
+    let per_block = 4.0 * 2.0 * 7.0 / 8.0 * msg;
+    let want = b.microbatches as f64 * (6.0 * per_block + 2.0 * 7.0 / 8.0 * msg);
+    assert!(close(b.comm_bytes.tp, want, 1e-12));
+}
