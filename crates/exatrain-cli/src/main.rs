@@ -3,6 +3,7 @@
 mod args;
 mod plan_cmd;
 mod table;
+mod tune_cmd;
 mod validate;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Compare the planner with measured runs from a CSV file (default: the bundled published runs).
     Validate(validate::ValidateArgs),
+    /// Search layouts: exhaustive over the cost model, or Bayesian/random over real runs.
+    Tune(tune_cmd::TuneArgs),
 }
 
 fn main() {
@@ -28,6 +31,7 @@ fn main() {
     let result = match cli.command {
         Command::Plan(a) => plan_cmd::run(a),
         Command::Validate(a) => validate::run(a),
+        Command::Tune(a) => tune_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

@@ -186,8 +186,12 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             (mbf + 1.0) * ring_bytes(grad_bytes),
         ),
         _ => {
-            let per_mb = 2.0 * comm::all_gather(grad_bytes, dp, dp_link)
-                + comm::reduce_scatter(grad_bytes, dp, dp_link);
+            // ZeRO-3 gathers each block's weights before its forward and its backward, and
+            // reduce-scatters its gradients after: 3 collectives per block per microbatch.
+            let per_block = grad_bytes / blocks;
+            let per_mb = blocks
+                * (2.0 * comm::all_gather(per_block, dp, dp_link)
+                    + comm::reduce_scatter(per_block, dp, dp_link));
             (
                 mbf * hide(per_mb, stage_c + stage_tp),
                 mbf * 3.0 * ring_bytes(grad_bytes),

@@ -1,0 +1,488 @@
+//! `exatrain tune`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use exatrain_cost::plan;
+use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError};
+use exatrain_tune::bayes::{self, Settings, Strategy};
+use exatrain_tune::eval::{CommandEval, CostModel, Evaluator, Metric};
+use exatrain_tune::exhaustive::{self, Ranked};
+use exatrain_tune::space::{self, SpaceSpec};
+use exatrain_tune::store::{Store, Trial};
+use serde::{Deserialize, Serialize};
+
+use crate::args::SpecArgs;
+use crate::table::{bytes, secs};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StrategyArg {
+    Exhaustive,
+    Bayes,
+    Random,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvaluatorArg {
+    /// The cost model (instant; for exhaustive search, or to test the Bayesian search).
+    Model,
+    /// An external command per trial (--eval-cmd).
+    Command,
+}
+
+#[derive(Args, Clone)]
+pub struct TuneArgs {
+    #[command(flatten)]
+    pub spec: SpecArgs,
+    /// Devices: N, or a range A..B (every multiple of the node size in it) or A..B:STEP.
+    #[arg(long, default_value = "1024")]
+    pub gpus: String,
+    /// Global batch in sequences; a comma-separated list searches over several.
+    #[arg(long, default_value = "1024")]
+    pub global_batch: String,
+    #[arg(long, value_enum, default_value_t = StrategyArg::Exhaustive)]
+    pub strategy: StrategyArg,
+    /// Trials for bayes/random [default: 50; with --resume, the stored budget unless a larger one is given].
+    #[arg(long)]
+    pub budget: Option<usize>,
+    /// Random trials before the surrogate takes over (bayes).
+    #[arg(long, default_value_t = 10)]
+    pub initial: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Configs to show.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    #[arg(long)]
+    pub json: bool,
+    /// Folder for the results store (bayes/random) or the result (exhaustive).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the search stored in this folder; its settings come from the folder.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = EvaluatorArg::Model)]
+    pub evaluator: EvaluatorArg,
+    /// Command template for --evaluator command, e.g. 'srun -N {nodes} ./pretrain.sh --tp {tp} --pp {pp} --mbs {micro_batch}'.
+    #[arg(long)]
+    pub eval_cmd: Option<String>,
+    /// Seconds before a trial is killed.
+    #[arg(long, default_value_t = 3600.0)]
+    pub timeout: f64,
+    /// Read the throughput from the last JSON line with this key.
+    #[arg(long, default_value = "tokens_per_s")]
+    pub metric_key: String,
+    /// Read the throughput from the last match of this regex instead (first group), e.g. 'TFLOPs: ([0-9.]+)'.
+    #[arg(long)]
+    pub metric_regex: Option<String>,
+    /// Trials run at once.
+    #[arg(long, default_value_t = 1)]
+    pub parallel_trials: usize,
+    /// Largest micro-batch considered.
+    #[arg(long, default_value_t = 16)]
+    pub max_micro_batch: u32,
+    /// ZeRO stages to consider (comma-separated).
+    #[arg(long, default_value = "0,1,2,3")]
+    pub zero: String,
+    /// Recompute modes to consider (comma-separated).
+    #[arg(long, default_value = "none,selective,full")]
+    pub recompute: String,
+    /// Only the default rank order tp-dp-pp.
+    #[arg(long)]
+    pub default_order: bool,
+    /// Do not consider flash attention.
+    #[arg(long)]
+    pub no_flash: bool,
+    /// Do not consider interleaved schedules.
+    #[arg(long)]
+    pub no_interleave: bool,
+}
+
+/// Everything a stored search needs to resume.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    space: SpaceSpec,
+    strategy: StrategyArg,
+    budget: usize,
+    initial: usize,
+    seed: u64,
+    parallel_trials: usize,
+    evaluator: EvaluatorArg,
+    eval_cmd: Option<String>,
+    timeout: f64,
+    metric_key: String,
+    metric_regex: Option<String>,
+}
+
+fn parse_list<T>(
+    s: &str,
+    flag: &str,
+    f: impl Fn(&str) -> Result<T, SpecError>,
+) -> Result<Vec<T>, SpecError> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(|x| f(x.trim()))
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err(SpecError::new(format!("--{flag} needs at least one value")));
+    }
+    Ok(v)
+}
+
+fn positive(x: &str, flag: &str) -> Result<u32, SpecError> {
+    match x.parse::<u32>() {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(SpecError::new(format!(
+            "--{flag} {x} is not a positive integer"
+        ))),
+    }
+}
+
+/// `N`, `A..B` (multiples of `step` in [A, B]) or `A..B:STEP`.
+pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
+    let Some((a, rest)) = s.split_once("..") else {
+        return Ok(vec![positive(s, "gpus")?]);
+    };
+    let (b, step) = match rest.split_once(':') {
+        Some((b, st)) => (b, positive(st, "gpus step")?),
+        None => (rest, node),
+    };
+    let (a, b) = (positive(a, "gpus")?, positive(b, "gpus")?);
+    if a > b {
+        return Err(SpecError::new(format!(
+            "--gpus {s}: the range is empty ({a} > {b})"
+        )));
+    }
+    let v: Vec<u32> = (a..=b).filter(|g| g % step == 0 || *g == a).collect();
+    Ok(v)
+}
+
+fn row(r: &Ranked, value: Option<f64>) -> serde_json::Value {
+    let mut v = serde_json::to_value(r.cfg).expect("serializes");
+    let o = v.as_object_mut().expect("object");
+    o.insert("gpus".into(), r.cfg.gpus().into());
+    if let serde_json::Value::Object(p) = serde_json::to_value(r.plan).expect("serializes") {
+        o.extend(p);
+    }
+    if let Some(m) = value {
+        o.insert("measured".into(), m.into());
+    }
+    v
+}
+
+fn print_table(rows: &[(Ranked, Option<f64>)]) {
+    println!(
+        "{:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  {}",
+        "#", "tp", "pp", "dp", "mbs", "gbs", "zero", "recompute", "sp", "v", "flash", "order", "memory", "step", "tokens/s", "MFU",
+        "compute/tp/pp/dp/bubble/opt %"
+    );
+    for (i, (r, measured)) in rows.iter().enumerate() {
+        let (c, p) = (&r.cfg, &r.plan);
+        let t = &p.time_s;
+        let f = |x: f64| format!("{:.0}", 100.0 * x / p.step_time_s);
+        println!(
+            "{:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11.0} {:>5.1}%  {}/{}/{}/{}/{}/{}{}",
+            i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.global_batch, c.zero, c.recompute.as_str(),
+            if c.sequence_parallel { "y" } else { "n" }, c.virtual_stages, if c.flash_attention { "y" } else { "n" },
+            c.order.to_string(), bytes(p.memory_bytes.total), secs(p.step_time_s), p.tokens_per_s, 100.0 * p.mfu,
+            f(t.compute), f(t.tp_comm), f(t.pp_comm), f(t.dp_comm), f(t.bubble), f(t.optimizer),
+            measured.map_or(String::new(), |m| format!("  measured {m:.1}"))
+        );
+    }
+}
+
+fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
+    let mut s = SpaceSpec::new(gpus, 1);
+    s.global_batches = parse_list(&a.global_batch, "global-batch", |x| {
+        positive(x, "global-batch")
+    })?;
+    s.max_micro_batch = a.max_micro_batch.max(1);
+    s.zero = parse_list(&a.zero, "zero", |x| match x.parse::<u8>() {
+        Ok(z) if z <= 3 => Ok(z),
+        _ => Err(SpecError::new(format!(
+            "--zero {x} is not a ZeRO stage (allowed: 0, 1, 2, 3)"
+        ))),
+    })?;
+    s.recompute = parse_list(&a.recompute, "recompute", |x| x.parse::<Recompute>())?;
+    if a.default_order {
+        s.orders = vec![RankOrder::default()];
+    }
+    if a.no_flash {
+        s.flash_attention = vec![false];
+    }
+    s.interleave = !a.no_interleave;
+    Ok(s)
+}
+
+fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+pub fn run(a: TuneArgs) -> Result<(), SpecError> {
+    if let Some(dir) = a.resume.clone() {
+        return resume(a, dir);
+    }
+    let (model, cluster) = a.spec.load()?;
+    let gpu_list = parse_gpus(&a.gpus, cluster.node.devices)?;
+    match a.strategy {
+        StrategyArg::Exhaustive => {
+            if a.evaluator != EvaluatorArg::Model {
+                return Err(SpecError::new("--strategy exhaustive runs on the cost model; use --strategy bayes or random with --evaluator command"));
+            }
+            exhaustive_cmd(&a, &model, &cluster, &gpu_list)
+        }
+        _ => {
+            let [gpus] = gpu_list[..] else {
+                return Err(SpecError::new(
+                    "--strategy bayes/random takes one --gpus count, not a range",
+                ));
+            };
+            let meta = Meta {
+                model,
+                cluster,
+                space: space_spec(&a, gpus)?,
+                strategy: a.strategy,
+                budget: a.budget.unwrap_or(50),
+                initial: a.initial,
+                seed: a.seed,
+                parallel_trials: a.parallel_trials.max(1),
+                evaluator: a.evaluator,
+                eval_cmd: a.eval_cmd.clone(),
+                timeout: a.timeout,
+                metric_key: a.metric_key.clone(),
+                metric_regex: a.metric_regex.clone(),
+            };
+            let store = match &a.out {
+                Some(dir) => Some(Store::create(dir, &meta)?),
+                None => None,
+            };
+            black_box_search(&a, &meta, store, Vec::new())
+        }
+    }
+}
+
+fn resume(a: TuneArgs, dir: PathBuf) -> Result<(), SpecError> {
+    let (store, mut meta, history): (Store, Meta, Vec<Trial>) = Store::open(&dir)?;
+    // A larger --budget may extend a finished search.
+    if let Some(b) = a.budget.filter(|b| *b > meta.budget) {
+        meta.budget = b;
+    }
+    if !a.json {
+        eprintln!(
+            "resuming {}: {} trials already done",
+            dir.display(),
+            history.len()
+        );
+    }
+    black_box_search(&a, &meta, Some(store), history)
+}
+
+fn exhaustive_cmd(
+    a: &TuneArgs,
+    model: &ModelSpec,
+    cluster: &ClusterSpec,
+    gpu_list: &[u32],
+) -> Result<(), SpecError> {
+    if gpu_list.len() > 1 {
+        let s = space_spec(a, gpu_list[0])?;
+        let pb = progress_bar(gpu_list.len() as u64, "device counts");
+        let (points, front) = exhaustive::pareto(model, cluster, &s, gpu_list, &|_| {});
+        pb.finish_and_clear();
+        let out = serde_json::json!({
+            "evaluated": points.iter().map(|p| p.evaluated).sum::<u64>(),
+            "feasible": points.iter().map(|p| p.feasible).sum::<u64>(),
+            "points": points.iter().map(|p| serde_json::json!({
+                "gpus": p.gpus, "evaluated": p.evaluated, "feasible": p.feasible,
+                "best": p.best.as_ref().map(|r| row(r, None)), "why": p.why,
+            })).collect::<Vec<_>>(),
+            "pareto": front,
+        });
+        if let Some(dir) = &a.out {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
+            exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
+        }
+        if a.json {
+            println!("{out}");
+            return Ok(());
+        }
+        println!(
+            "{:>6} {:>10} {:>8} {:>12} {:>6}  best layout",
+            "gpus", "evaluated", "feasible", "tokens/s", "MFU"
+        );
+        for p in &points {
+            match &p.best {
+                Some(r) => println!(
+                    "{:>6} {:>10} {:>8} {:>12.0} {:>5.1}%  tp {} pp {} dp {} mbs {} zero {} {} v {}{}{}",
+                    p.gpus, p.evaluated, p.feasible, r.plan.tokens_per_s, 100.0 * r.plan.mfu, r.cfg.tp, r.cfg.pp, r.cfg.dp,
+                    r.cfg.micro_batch, r.cfg.zero, r.cfg.recompute.as_str(), r.cfg.virtual_stages,
+                    if r.cfg.sequence_parallel { " sp" } else { "" }, if front.contains(&p.gpus) { "  (pareto)" } else { "" }
+                ),
+                None => println!("{:>6} {:>10} {:>8}  {}", p.gpus, p.evaluated, p.feasible, p.why.as_deref().unwrap_or("")),
+            }
+        }
+        return Ok(());
+    }
+    let s = space_spec(a, gpu_list[0])?;
+    if let Some(why) = space::why_empty(model, &s) {
+        return Err(SpecError::new(why));
+    }
+    let n_shapes = space::shapes(model, &s).count() as u64;
+    let pb = progress_bar(n_shapes, "layout shapes");
+    let t0 = std::time::Instant::now();
+    let r = exhaustive::search(model, cluster, &s, a.top, &|_| pb.inc(1));
+    pb.finish_and_clear();
+    let dt = t0.elapsed().as_secs_f64();
+    let out = serde_json::json!({
+        "evaluated": r.evaluated,
+        "feasible": r.feasible,
+        "seconds": dt,
+        "best": r.best.iter().map(|x| row(x, None)).collect::<Vec<_>>(),
+    });
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
+        exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
+    }
+    if a.json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{} on {} × {}: {} layouts evaluated in {:.2} s ({:.1} M/s), {} fit in memory",
+        model.name,
+        s.gpus,
+        cluster.device.name,
+        r.evaluated,
+        dt,
+        r.evaluated as f64 / dt / 1e6,
+        r.feasible
+    );
+    if r.best.is_empty() {
+        println!("no layout fits in memory on {} GPUs", s.gpus);
+        return Ok(());
+    }
+    let rows: Vec<(Ranked, Option<f64>)> = r.best.into_iter().map(|x| (x, None)).collect();
+    print_table(&rows);
+    Ok(())
+}
+
+fn black_box_search(
+    a: &TuneArgs,
+    meta: &Meta,
+    mut store: Option<Store>,
+    history: Vec<Trial>,
+) -> Result<(), SpecError> {
+    let (model, cluster, s) = (&meta.model, &meta.cluster, &meta.space);
+    if let Some(why) = space::why_empty(model, s) {
+        return Err(SpecError::new(why));
+    }
+    let space: Vec<ParallelConfig> = space::configs(model, s).collect();
+    let cost = CostModel { model, cluster };
+    let command;
+    let eval: &dyn Evaluator = match meta.evaluator {
+        EvaluatorArg::Model => &cost,
+        EvaluatorArg::Command => {
+            let Some(t) = &meta.eval_cmd else {
+                return Err(SpecError::new(
+                    "--evaluator command needs --eval-cmd 'TEMPLATE'",
+                ));
+            };
+            let metric = match &meta.metric_regex {
+                Some(r) => Metric::Regex(
+                    regex::Regex::new(r)
+                        .map_err(|e| SpecError::new(format!("--metric-regex: {e}")))?,
+                ),
+                None => Metric::JsonKey(meta.metric_key.clone()),
+            };
+            if !(meta.timeout > 0.0 && meta.timeout.is_finite()) {
+                return Err(SpecError::new(format!(
+                    "--timeout {} must be a positive number of seconds",
+                    meta.timeout
+                )));
+            }
+            command = CommandEval::new(
+                t,
+                cluster.node.devices,
+                Duration::from_secs_f64(meta.timeout),
+                metric,
+            )?;
+            &command
+        }
+    };
+    let strategy = if meta.strategy == StrategyArg::Random {
+        Strategy::Random
+    } else {
+        Strategy::Bayes
+    };
+    let mut settings = Settings::new(strategy, meta.budget, meta.seed);
+    settings.initial = meta.initial;
+    settings.parallel = meta.parallel_trials;
+    let done = history.len() as u64;
+    let pb = progress_bar(meta.budget.min(space.len()) as u64, "trials");
+    pb.set_position(done);
+    let trials = bayes::run(&space, eval, &settings, history, &mut |t| {
+        pb.inc(1);
+        match &mut store {
+            Some(st) => st.append(t),
+            None => Ok(()),
+        }
+    })?;
+    pb.finish_and_clear();
+    let mut ok: Vec<(&Trial, f64)> = trials
+        .iter()
+        .filter_map(|t| t.outcome.value().map(|v| (t, v)))
+        .collect();
+    ok.sort_by(|x, y| y.1.total_cmp(&x.1));
+    let rows: Vec<(Ranked, Option<f64>)> = ok
+        .iter()
+        .take(a.top.max(1))
+        .filter_map(|(t, v)| {
+            plan(model, cluster, &t.config).ok().map(|p| {
+                (
+                    Ranked {
+                        cfg: t.config,
+                        plan: p,
+                    },
+                    Some(*v),
+                )
+            })
+        })
+        .collect();
+    let failed = trials.len() - ok.len();
+    if a.json {
+        let out = serde_json::json!({
+            "evaluated": trials.len(),
+            "feasible": ok.len(),
+            "failed": failed,
+            "space": space.len(),
+            "best": rows.iter().map(|(r, v)| row(r, *v)).collect::<Vec<_>>(),
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{} on {} GPUs: {} trials ({} failed or out of memory) over a space of {} layouts",
+        model.name,
+        s.gpus,
+        trials.len(),
+        failed,
+        space.len()
+    );
+    print_table(&rows);
+    Ok(())
+}

@@ -1,0 +1,274 @@
+//! `exatrain tune` end to end: exhaustive output, a search killed mid-way and resumed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn exatrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("exatrain-tune-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn exhaustive_json_lists_the_best_first_with_plan_fields() {
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "128",
+        "--top",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["evaluated"].as_u64().unwrap() >= v["feasible"].as_u64().unwrap());
+    let best = v["best"].as_array().unwrap();
+    assert_eq!(best.len(), 3);
+    for k in [
+        "tp",
+        "pp",
+        "dp",
+        "micro_batch",
+        "global_batch",
+        "zero",
+        "recompute",
+        "fits",
+        "step_time_s",
+        "mfu",
+        "memory_bytes",
+        "time_s",
+    ] {
+        assert!(best[0].get(k).is_some(), "missing {k}");
+    }
+    let t: Vec<f64> = best
+        .iter()
+        .map(|b| b["tokens_per_s"].as_f64().unwrap())
+        .collect();
+    assert!(t[0] >= t[1] && t[1] >= t[2]);
+    assert_eq!(
+        best[0]["tp"].as_u64().unwrap()
+            * best[0]["pp"].as_u64().unwrap()
+            * best[0]["dp"].as_u64().unwrap(),
+        64
+    );
+}
+
+#[test]
+fn gpu_range_gives_a_pareto_front_and_says_why_a_count_is_empty() {
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "7..16:1",
+        "--global-batch",
+        "64",
+        "--default-order",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 10);
+    let seven = &points[0];
+    assert_eq!(seven["gpus"], 7);
+    assert!(
+        seven["best"].is_null() && seven["why"].as_str().unwrap().contains("7 GPUs"),
+        "{seven}"
+    );
+    assert!(!v["pareto"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn tune_bad_input_is_a_clear_error() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["tune", "--model", "gpt-175b", "--gpus", "7"],
+            "no (tp, pp) divides 96 layers and 96 heads into 7 GPUs",
+        ),
+        (
+            &[
+                "tune",
+                "--strategy",
+                "bayes",
+                "--evaluator",
+                "command",
+                "--eval-cmd",
+                "run {tp} {bogus}",
+                "--gpus",
+                "64",
+            ],
+            "unknown placeholder {bogus}",
+        ),
+        (
+            &[
+                "tune",
+                "--strategy",
+                "bayes",
+                "--evaluator",
+                "command",
+                "--gpus",
+                "64",
+            ],
+            "needs --eval-cmd",
+        ),
+        (&["tune", "--zero", "4"], "--zero 4 is not a ZeRO stage"),
+        (&["tune", "--gpus", "64..8"], "the range is empty"),
+        (
+            &["tune", "--resume", "/nonexistent/exatrain"],
+            "cannot read",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = exatrain(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: got {err}, want {want}");
+    }
+}
+
+fn fake_trainer(dir: &Path) -> String {
+    let p = dir.join("fake.sh");
+    // Throughput from the layout, slow enough to be killed mid-search; OOM for micro-batch 8.
+    std::fs::write(
+        &p,
+        "#!/bin/sh\nsleep 0.25\nif [ \"$3\" = 8 ]; then echo 'CUDA out of memory' >&2; exit 1; fi\necho \"{\\\"tokens_per_s\\\": $((1000 * $1 + 10 * $2 + $3))}\"\n",
+    )
+    .unwrap();
+    format!("sh {} {{tp}} {{pp}} {{micro_batch}}", p.display())
+}
+
+fn lines(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("trials.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_killed_search_resumes_without_losing_or_repeating_trials() {
+    let work = tmp("kill");
+    let cmd = fake_trainer(&work);
+    let common = |out: &Path| -> Vec<String> {
+        [
+            "tune",
+            "--model",
+            "gpt-22b",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--strategy",
+            "bayes",
+            "--initial",
+            "4",
+            "--budget",
+            "12",
+            "--seed",
+            "7",
+            "--evaluator",
+            "command",
+            "--timeout",
+            "20",
+            "--default-order",
+            "--eval-cmd",
+            &cmd,
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // Uninterrupted reference run.
+    let full = work.join("full");
+    let out = Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(common(&full))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = lines(&full);
+    assert_eq!(reference.len(), 12);
+
+    // Same search, killed after 4 finished trials.
+    let cut = work.join("cut");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(common(&cut))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while lines(&cut).len() < 4 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "search made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = lines(&cut);
+    assert!(
+        before.len() >= 4 && before.len() < 12,
+        "killed mid-search: {}",
+        before.len()
+    );
+
+    let out = exatrain(&["tune", "--resume", cut.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = lines(&cut);
+    assert_eq!(after.len(), 12, "budget reached, nothing repeated");
+    assert_eq!(&after[..before.len()], &before[..], "nothing lost");
+    let configs: std::collections::HashSet<String> =
+        after.iter().map(|t| t["config"].to_string()).collect();
+    assert_eq!(configs.len(), 12, "no layout run twice");
+    // With one worker, a resumed search proposes exactly what the uninterrupted one did.
+    let seq = |v: &[serde_json::Value]| {
+        v.iter()
+            .map(|t| (t["id"].clone(), t["config"].clone(), t["outcome"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(seq(&after), seq(&reference));
+    assert!(
+        after
+            .iter()
+            .any(|t| t["outcome"]["status"] == "out_of_memory"),
+        "micro-batch 8 trials are OOM"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["evaluated"], 12);
+    assert!(v["best"][0]["measured"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,126 @@
+//! Tuner benchmarks. Run: `cargo bench -p exatrain-tune --bench tune`.
+//! 1. Exhaustive search over the whole space: layouts evaluated and per second.
+//! 2. Bayesian vs random search with the cost model as the black box: trials to reach within 2 %
+//!    of the exhaustive optimum (median over 10 seeds).
+
+use std::time::Instant;
+
+use exatrain_spec::presets;
+use exatrain_tune::bayes::{self, Settings, Strategy};
+use exatrain_tune::eval::CostModel;
+use exatrain_tune::exhaustive;
+use exatrain_tune::space::{self, SpaceSpec};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    println!(
+        "## exhaustive search (whole space, rayon on {} threads)",
+        rayon::current_num_threads()
+    );
+    println!(
+        "{:<10} {:<9} {:>6} {:>6} {:>10} {:>9} {:>9} {:>12}",
+        "model", "cluster", "gpus", "gbs", "layouts", "feasible", "seconds", "layouts/s"
+    );
+    for (model, cluster, gpus, gbs) in [
+        ("gpt-22b", "frontier", 128u32, 1024u32),
+        ("gpt-175b", "frontier", 1024, 1024),
+        ("gpt-1t", "frontier", 3072, 3072),
+        ("llama3-405b", "dgx-h100", 2048, 2048),
+    ] {
+        let m = presets::model(model).unwrap();
+        let c = presets::cluster(cluster).unwrap();
+        let s = SpaceSpec::new(gpus, gbs);
+        let t0 = Instant::now();
+        let r = exhaustive::search(&m, &c, &s, 10, &|_| {});
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "{:<10} {:<9} {:>6} {:>6} {:>10} {:>9} {:>9.3} {:>12.0}",
+            model,
+            cluster,
+            gpus,
+            gbs,
+            r.evaluated,
+            r.feasible,
+            dt,
+            r.evaluated as f64 / dt
+        );
+    }
+
+    let seeds: u64 = if quick { 3 } else { 10 };
+    let budget = 100;
+    println!("\n## black-box search with the cost model as the objective ({seeds} seeds, budget {budget})");
+    println!(
+        "{:<10} {:>6} {:>8} {:<8} {:>14} {:>9} {:>14}",
+        "model", "gpus", "space", "strategy", "median trials", "reached", "median best"
+    );
+    for (model, gpus, gbs) in [
+        ("gpt-22b", 128u32, 1024u32),
+        ("gpt-175b", 1024, 1024),
+        ("gpt-1t", 3072, 3072),
+    ] {
+        let m = presets::model(model).unwrap();
+        let c = presets::cluster("frontier").unwrap();
+        let s = SpaceSpec::new(gpus, gbs);
+        let space: Vec<_> = space::configs(&m, &s).collect();
+        let optimum = exhaustive::search(&m, &c, &s, 1, &|_| {}).best[0]
+            .plan
+            .tokens_per_s;
+        let eval = CostModel {
+            model: &m,
+            cluster: &c,
+        };
+        for (name, strategy) in [("bayes", Strategy::Bayes), ("random", Strategy::Random)] {
+            let mut trials = Vec::new();
+            let mut bests = Vec::new();
+            let mut reached = 0;
+            for seed in 0..seeds {
+                let t = bayes::run(
+                    &space,
+                    &eval,
+                    &Settings::new(strategy, budget, seed),
+                    Vec::new(),
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+                let n = bayes::trials_to_reach(&t, optimum, 0.02);
+                if n.is_some() {
+                    reached += 1;
+                }
+                trials.push(n.map_or(f64::INFINITY, |n| n as f64));
+                bests.push(
+                    t.iter()
+                        .filter_map(|x| x.outcome.value())
+                        .fold(0.0, f64::max)
+                        / optimum,
+                );
+            }
+            let med = median(trials);
+            println!(
+                "{:<10} {:>6} {:>8} {:<8} {:>14} {:>6}/{:<2} {:>13.1}%",
+                model,
+                gpus,
+                space.len(),
+                name,
+                if med.is_finite() {
+                    format!("{med:.0}")
+                } else {
+                    format!(">{budget}")
+                },
+                reached,
+                seeds,
+                100.0 * median(bests)
+            );
+        }
+    }
+}

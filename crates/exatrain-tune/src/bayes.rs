@@ -1,0 +1,383 @@
+//! Search over expensive black boxes: Bayesian optimization in the spirit of DeepHyper's CBO, and
+//! random search as the baseline.
+//!
+//! - Surrogate: extra-trees on a numeric encoding of the layout (log2 sizes, switches, the
+//!   position of each dimension in the rank order); the target is ln(throughput).
+//! - Acquisition: UCB `μ + κ·σ`, κ decaying exponentially from `kappa` to `kappa_final` over the
+//!   budget; maximized over a random pool of the space plus every one-step neighbour of the
+//!   best layouts seen.
+//! - Failures (out of memory, crash, timeout) are observations too, at a value below the worst
+//!   success, so the surrogate learns to avoid their region.
+//! - Parallel trials: q workers; while trials are pending, the surrogate sees them at the worst
+//!   observed value (constant liar, CL-min), so concurrent proposals spread out.
+//! - Reproducible: proposal i draws from an RNG seeded by (seed, i); with one worker a seed
+//!   fixes the whole search, and a resumed search proposes what the uninterrupted one would have.
+
+use std::collections::HashSet;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use exatrain_spec::{Dim, ParallelConfig, SpecError};
+
+use crate::eval::{Evaluator, Outcome};
+use crate::exhaustive::cfg_key;
+use crate::forest::Forest;
+use crate::gp::Gp;
+
+/// The surrogate model of the objective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surrogate {
+    /// Gaussian process with an exponential kernel on the encoding (the default).
+    Gp,
+    /// Extremely randomized trees (DeepHyper's default surrogate).
+    ExtraTrees,
+}
+
+enum Model {
+    Gp(Gp),
+    Trees(Forest),
+}
+
+impl Model {
+    fn predict(&self, x: &[f64]) -> (f64, f64) {
+        match self {
+            Model::Gp(g) => g.predict(x),
+            Model::Trees(f) => f.predict(x),
+        }
+    }
+}
+
+/// GP length scales per feature of [`features`]: one doubling of a size, one ZeRO stage, one
+/// recompute level, a switch, a rank-order position each count about as one unit.
+const LENGTHS: [f64; 13] = [
+    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0,
+];
+use crate::store::Trial;
+
+/// Which search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Bayes,
+    Random,
+}
+
+/// Search settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub strategy: Strategy,
+    pub surrogate: Surrogate,
+    /// Total trials (including resumed ones).
+    pub budget: usize,
+    /// Random trials before the surrogate takes over.
+    pub initial: usize,
+    pub seed: u64,
+    /// Trials run at once.
+    pub parallel: usize,
+    pub kappa: f64,
+    pub kappa_final: f64,
+    pub trees: usize,
+    /// Random candidates scored by a global proposal.
+    pub pool: usize,
+    /// Every n-th proposal is global (the rest search the trust region around the incumbent).
+    pub global_every: u64,
+}
+
+impl Settings {
+    pub fn new(strategy: Strategy, budget: usize, seed: u64) -> Self {
+        Settings {
+            strategy,
+            surrogate: Surrogate::Gp,
+            budget,
+            initial: 10,
+            seed,
+            parallel: 1,
+            kappa: 1.96,
+            kappa_final: 0.05,
+            trees: 40,
+            pool: 2000,
+            global_every: 4,
+        }
+    }
+}
+
+/// Numeric encoding of a layout for the surrogate.
+pub fn features(c: &ParallelConfig) -> Vec<f64> {
+    let l2 = |x: u32| (x as f64).log2();
+    let pos = |d: Dim| c.order.0.iter().position(|x| *x == d).unwrap_or(0) as f64;
+    vec![
+        l2(c.tp),
+        l2(c.pp),
+        l2(c.dp),
+        l2(c.micro_batch),
+        l2(c.global_batch),
+        c.zero as f64,
+        c.recompute as u8 as f64,
+        c.sequence_parallel as u8 as f64,
+        l2(c.virtual_stages),
+        c.flash_attention as u8 as f64,
+        pos(Dim::Tp),
+        pos(Dim::Dp),
+        pos(Dim::Pp),
+    ]
+}
+
+fn rng_for(seed: u64, proposal: u64) -> fastrand::Rng {
+    // SplitMix64 of (seed, proposal) so neighbouring proposals get unrelated streams.
+    let mut z = seed ^ proposal.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    fastrand::Rng::with_seed(z ^ (z >> 31))
+}
+
+/// The search state: the space, its encodings, what has been seen.
+struct State<'a> {
+    space: &'a [ParallelConfig],
+    x: Vec<Vec<f64>>,
+    keys: Vec<u128>,
+    settings: &'a Settings,
+    done: Vec<(usize, Option<f64>)>, // (space index, ln value or None for a failure)
+    taken: HashSet<u128>,
+}
+
+impl<'a> State<'a> {
+    fn index_of(&self, c: &ParallelConfig) -> Option<usize> {
+        let k = cfg_key(c);
+        self.keys.iter().position(|x| *x == k)
+    }
+
+    fn random_free(&self, rng: &mut fastrand::Rng) -> Option<usize> {
+        if self.taken.len() >= self.space.len() {
+            return None;
+        }
+        loop {
+            let i = rng.usize(..self.space.len());
+            if !self.taken.contains(&self.keys[i]) {
+                return Some(i);
+            }
+        }
+    }
+
+    /// Layouts at most two knobs away from `i`. The knobs are tp, pp, micro-batch, ZeRO, the
+    /// attention mode (recompute × flash, one knob since flash excludes selective), sequence
+    /// parallelism, virtual stages and rank order; dp and the batch follow from them.
+    fn neighbours(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        const KNOBS: [&[usize]; 8] = [&[0], &[1], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12]];
+        let xi = &self.x[i];
+        self.x.iter().enumerate().filter_map(move |(j, xj)| {
+            let moved = KNOBS
+                .iter()
+                .filter(|k| k.iter().any(|&f| xi[f] != xj[f]))
+                .count();
+            (j != i && moved <= 2).then_some(j)
+        })
+    }
+
+    /// Proposal number `n`, with `pending` space indices still running.
+    fn propose(&self, n: u64, pending: &[usize]) -> Option<usize> {
+        let mut rng = rng_for(self.settings.seed, n);
+        let successes: Vec<f64> = self.done.iter().filter_map(|d| d.1).collect();
+        if self.settings.strategy == Strategy::Random
+            || self.done.len() + pending.len() < self.settings.initial
+            || successes.is_empty()
+        {
+            return self.random_free(&mut rng);
+        }
+        let lo = successes.iter().cloned().fold(f64::INFINITY, f64::min);
+        // Two surrogates: ln(throughput) on the trials that ran (pending ones at the worst value:
+        // the constant liar), and the probability that a layout runs at all (fits, does not crash).
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        let mut xf = Vec::new();
+        let mut yf = Vec::new();
+        for &(i, v) in &self.done {
+            if let Some(v) = v {
+                xs.push(self.x[i].clone());
+                ys.push(v);
+            }
+            xf.push(self.x[i].clone());
+            yf.push(if v.is_some() { 1.0 } else { 0.0 });
+        }
+        for &i in pending {
+            xs.push(self.x[i].clone());
+            ys.push(lo);
+        }
+        let model = |x: &[Vec<f64>], y: &[f64], rng: &mut fastrand::Rng| match self
+            .settings
+            .surrogate
+        {
+            Surrogate::Gp => Model::Gp(Gp::fit_ard(x, y, &LENGTHS, 1e-3)),
+            Surrogate::ExtraTrees => Model::Trees(Forest::fit(x, y, self.settings.trees, 1, rng)),
+        };
+        let value = model(&xs, &ys, &mut rng);
+        let runs = model(&xf, &yf, &mut rng);
+        let progress = (n as f64 / self.settings.budget.max(1) as f64).min(1.0);
+        let kappa =
+            self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
+        let score = |i: usize| {
+            let (mu, sigma) = value.predict(&self.x[i]);
+            // Optimistic about feasibility too: an untried region is not written off.
+            let (p_run, p_sigma) = runs.predict(&self.x[i]);
+            mu + kappa * sigma + (p_run + kappa * p_sigma).clamp(0.01, 1.0).ln()
+        };
+
+        // Trust region (as in CASMOPOLITAN): most proposals score the untried layouts within two
+        // knobs of the incumbent; every `global_every`-th scores a random pool of the whole space
+        // plus hill-climbs of the acquisition from it, so the search can leave a basin.
+        let mut best: Vec<(usize, f64)> = self
+            .done
+            .iter()
+            .filter_map(|&(i, v)| v.map(|v| (i, v)))
+            .collect();
+        best.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let global = self.settings.global_every > 0
+            && n % self.settings.global_every == self.settings.global_every - 1;
+        let mut scored: Vec<(usize, f64)> = Vec::new();
+        if !global {
+            for &(b, _) in best.iter().take(3) {
+                scored.extend(
+                    self.neighbours(b)
+                        .filter(|j| !self.taken.contains(&self.keys[*j]))
+                        .map(|j| (j, score(j))),
+                );
+                if !scored.is_empty() {
+                    break;
+                }
+            }
+        }
+        if scored.is_empty() {
+            let mut pool: Vec<(usize, f64)> = (0..self.settings.pool)
+                .filter_map(|_| self.random_free(&mut rng))
+                .map(|i| (i, score(i)))
+                .collect();
+            pool.sort_by(|a, b| b.1.total_cmp(&a.1));
+            for &(start, start_score) in pool.iter().take(3) {
+                let (mut at, mut at_score) = (start, start_score);
+                for _ in 0..8 {
+                    let step = self
+                        .neighbours(at)
+                        .filter(|j| !self.taken.contains(&self.keys[*j]))
+                        .map(|j| (j, score(j)))
+                        .max_by(|a, b| a.1.total_cmp(&b.1));
+                    match step {
+                        Some((j, sj)) if sj > at_score => (at, at_score) = (j, sj),
+                        _ => break,
+                    }
+                }
+                scored.push((at, at_score));
+            }
+            scored.extend(pool);
+        }
+        let pick = scored.into_iter().max_by(|a, b| {
+            a.1.total_cmp(&b.1)
+                .then_with(|| self.keys[b.0].cmp(&self.keys[a.0]))
+        });
+        pick.map(|p| p.0).or_else(|| self.random_free(&mut rng))
+    }
+}
+
+/// Run a search over `space` until `settings.budget` trials have finished. `history` holds the
+/// trials of a resumed search (they are not re-run); `record` is called on each new trial as it
+/// finishes (append it to the store there) and may stop the search with an error.
+pub fn run(
+    space: &[ParallelConfig],
+    eval: &dyn Evaluator,
+    settings: &Settings,
+    history: Vec<Trial>,
+    record: &mut dyn FnMut(&Trial) -> Result<(), SpecError>,
+) -> Result<Vec<Trial>, SpecError> {
+    if space.is_empty() {
+        return Err(SpecError::new("the search space is empty"));
+    }
+    let x: Vec<Vec<f64>> = space.iter().map(features).collect();
+    let keys: Vec<u128> = space.iter().map(cfg_key).collect();
+    let mut st = State {
+        space,
+        x,
+        keys,
+        settings,
+        done: Vec::new(),
+        taken: HashSet::new(),
+    };
+    let mut trials = Vec::new();
+    let mut next_id = 0u64;
+    for t in history {
+        let Some(i) = st.index_of(&t.config) else {
+            return Err(SpecError::new(format!(
+                "resumed trial {} ({:?}) is not in this search's space: was the store made by another search?",
+                t.id, t.config
+            )));
+        };
+        st.taken.insert(st.keys[i]);
+        st.done.push((i, t.outcome.value().map(f64::ln)));
+        next_id = next_id.max(t.id + 1);
+        trials.push(t);
+    }
+    let budget = settings.budget.min(space.len());
+    let q = settings.parallel.max(1);
+    let (job_tx, job_rx) = mpsc::channel::<(u64, usize)>();
+    let job_rx = std::sync::Mutex::new(job_rx);
+    let (res_tx, res_rx) = mpsc::channel::<(u64, usize, Outcome, f64)>();
+    std::thread::scope(|scope| -> Result<(), SpecError> {
+        for _ in 0..q {
+            let res_tx = res_tx.clone();
+            let job_rx = &job_rx;
+            scope.spawn(move || loop {
+                let job = job_rx.lock().expect("job queue").recv();
+                let Ok((id, i)) = job else { return };
+                let t0 = Instant::now();
+                let outcome = eval.evaluate(&space[i], id);
+                if res_tx
+                    .send((id, i, outcome, t0.elapsed().as_secs_f64()))
+                    .is_err()
+                {
+                    return;
+                }
+            });
+        }
+        drop(res_tx);
+        let mut pending: Vec<(u64, usize)> = Vec::new();
+        let result = (|| loop {
+            while pending.len() < q && st.done.len() + pending.len() < budget {
+                let idx: Vec<usize> = pending.iter().map(|p| p.1).collect();
+                let Some(i) = st.propose(next_id, &idx) else {
+                    break;
+                };
+                st.taken.insert(st.keys[i]);
+                pending.push((next_id, i));
+                job_tx.send((next_id, i)).expect("workers alive");
+                next_id += 1;
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let (id, i, outcome, seconds) = res_rx.recv().expect("a worker answers");
+            pending.retain(|p| p.0 != id);
+            st.done.push((i, outcome.value().map(f64::ln)));
+            let t = Trial {
+                id,
+                config: space[i],
+                outcome,
+                seconds,
+            };
+            record(&t)?;
+            trials.push(t);
+        })();
+        drop(job_tx); // workers finish their current trial and exit
+        result
+    })?;
+    Ok(trials)
+}
+
+/// Trials needed until the best value seen is within `tol` (relative) of `optimum`; None if never.
+pub fn trials_to_reach(trials: &[Trial], optimum: f64, tol: f64) -> Option<usize> {
+    let mut best = f64::NEG_INFINITY;
+    for (n, t) in trials.iter().enumerate() {
+        if let Some(v) = t.outcome.value() {
+            best = best.max(v);
+        }
+        if best >= optimum * (1.0 - tol) {
+            return Some(n + 1);
+        }
+    }
+    None
+}

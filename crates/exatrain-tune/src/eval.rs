@@ -1,0 +1,291 @@
+//! Evaluators: what a trial of a layout measures. The search maximizes `value` (a throughput).
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use exatrain_cost::plan;
+use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig, SpecError};
+use serde::{Deserialize, Serialize};
+
+/// How one trial ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    /// It ran; `value` is its throughput (larger is better).
+    Ok { value: f64 },
+    /// It ran out of device memory.
+    OutOfMemory { message: String },
+    /// It crashed, printed no number, or could not start.
+    Failed { message: String },
+    /// It ran past the time limit and was killed.
+    Timeout { seconds: f64 },
+}
+
+impl Outcome {
+    pub fn value(&self) -> Option<f64> {
+        match self {
+            Outcome::Ok { value } => Some(*value),
+            _ => None,
+        }
+    }
+}
+
+/// Something that measures a layout. Implementations must be safe to call from several worker
+/// threads at once (`--parallel-trials q`).
+pub trait Evaluator: Sync {
+    fn evaluate(&self, cfg: &ParallelConfig, trial: u64) -> Outcome;
+}
+
+/// The cost model as a black box: predicted tokens/s, or out of memory when it does not fit.
+pub struct CostModel<'a> {
+    pub model: &'a ModelSpec,
+    pub cluster: &'a ClusterSpec,
+}
+
+impl Evaluator for CostModel<'_> {
+    fn evaluate(&self, cfg: &ParallelConfig, _trial: u64) -> Outcome {
+        match plan(self.model, self.cluster, cfg) {
+            Ok(p) if p.fits => Outcome::Ok {
+                value: p.tokens_per_s,
+            },
+            Ok(p) => Outcome::OutOfMemory {
+                message: format!(
+                    "predicted {:.1} GiB > {:.1} GiB",
+                    p.memory_bytes.total / 1073741824.0,
+                    p.capacity_bytes / 1073741824.0
+                ),
+            },
+            Err(e) => Outcome::Failed {
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Placeholders a command template may use.
+pub const PLACEHOLDERS: &[&str] = &[
+    "gpus",
+    "nodes",
+    "tp",
+    "pp",
+    "dp",
+    "micro_batch",
+    "global_batch",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "virtual_stages",
+    "flash_attention",
+    "dtype",
+    "order",
+    "trial",
+];
+
+/// Where the throughput is in a command's output.
+#[derive(Debug, Clone)]
+pub enum Metric {
+    /// The last line that is a JSON object with this numeric key.
+    JsonKey(String),
+    /// The last match of this regex; its first capture group (or the whole match) is the number.
+    Regex(regex::Regex),
+}
+
+/// An external command per trial, e.g.
+/// `srun -N {nodes} ./pretrain.sh --tp {tp} --pp {pp} --mbs {micro_batch}`, run with `sh -c`.
+pub struct CommandEval {
+    template: String,
+    devices_per_node: u32,
+    timeout: Duration,
+    metric: Metric,
+}
+
+impl CommandEval {
+    /// Check the template's placeholders up front.
+    pub fn new(
+        template: &str,
+        devices_per_node: u32,
+        timeout: Duration,
+        metric: Metric,
+    ) -> Result<Self, SpecError> {
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let Some(close) = after.find('}') else {
+                return Err(SpecError::new(format!(
+                    "--eval-cmd: unclosed '{{' in `{template}`"
+                )));
+            };
+            let name = &after[..close];
+            if !PLACEHOLDERS.contains(&name) {
+                return Err(SpecError::new(format!(
+                    "--eval-cmd: unknown placeholder {{{name}}} (allowed: {})",
+                    PLACEHOLDERS
+                        .iter()
+                        .map(|p| format!("{{{p}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            rest = &after[close + 1..];
+        }
+        if timeout.is_zero() {
+            return Err(SpecError::new("--timeout must be positive"));
+        }
+        Ok(CommandEval {
+            template: template.to_string(),
+            devices_per_node: devices_per_node.max(1),
+            timeout,
+            metric,
+        })
+    }
+
+    /// The command line for one trial.
+    pub fn render(&self, c: &ParallelConfig, trial: u64) -> String {
+        let b = |x: bool| if x { "1" } else { "0" }.to_string();
+        let values = [
+            ("gpus", c.gpus().to_string()),
+            (
+                "nodes",
+                c.gpus().div_ceil(self.devices_per_node).to_string(),
+            ),
+            ("tp", c.tp.to_string()),
+            ("pp", c.pp.to_string()),
+            ("dp", c.dp.to_string()),
+            ("micro_batch", c.micro_batch.to_string()),
+            ("global_batch", c.global_batch.to_string()),
+            ("zero", c.zero.to_string()),
+            ("recompute", c.recompute.to_string()),
+            ("sequence_parallel", b(c.sequence_parallel)),
+            ("virtual_stages", c.virtual_stages.to_string()),
+            ("flash_attention", b(c.flash_attention)),
+            ("dtype", c.dtype.as_str().to_string()),
+            ("order", c.order.to_string()),
+            ("trial", trial.to_string()),
+        ];
+        let mut s = self.template.clone();
+        for (k, v) in values {
+            s = s.replace(&format!("{{{k}}}"), &v);
+        }
+        s
+    }
+
+    fn parse(&self, out: &str) -> Option<f64> {
+        match &self.metric {
+            Metric::JsonKey(key) => out.lines().rev().find_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l.trim()).ok()?;
+                v.get(key)?.as_f64()
+            }),
+            Metric::Regex(re) => re.captures_iter(out).last().and_then(|c| {
+                c.get(1)
+                    .or_else(|| c.get(0))
+                    .and_then(|m| m.as_str().trim().parse::<f64>().ok())
+            }),
+        }
+    }
+}
+
+/// "CUDA out of memory", "HIP out of memory", "OutOfMemoryError", or the word "OOM".
+fn looks_like_oom(s: &str) -> bool {
+    let l = s.to_ascii_lowercase();
+    l.contains("out of memory")
+        || l.contains("outofmemory")
+        || s.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|w| w == "OOM")
+}
+
+impl Evaluator for CommandEval {
+    fn evaluate(&self, cfg: &ParallelConfig, trial: u64) -> Outcome {
+        let line = self.render(cfg, trial);
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(&line)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                return Outcome::Failed {
+                    message: format!("cannot start `{line}`: {e}"),
+                }
+            }
+        };
+        let mut so = child.stdout.take().expect("piped");
+        let mut se = child.stderr.take().expect("piped");
+        let out_t = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = so.read_to_string(&mut s);
+            s
+        });
+        let err_t = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = se.read_to_string(&mut s);
+            s
+        });
+        let start = Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if start.elapsed() >= self.timeout => break None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => {
+                    return Outcome::Failed {
+                        message: format!("waiting for `{line}`: {e}"),
+                    }
+                }
+            }
+        };
+        let Some(status) = status else {
+            // Kill the whole process group, so grandchildren release the pipes too.
+            let _ = Command::new("kill")
+                .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = out_t.join();
+            let _ = err_t.join();
+            return Outcome::Timeout {
+                seconds: self.timeout.as_secs_f64(),
+            };
+        };
+        let out = out_t.join().unwrap_or_default();
+        let err = err_t.join().unwrap_or_default();
+        let all = format!("{out}\n{err}");
+        if !status.success() {
+            let tail: String = err
+                .lines()
+                .rev()
+                .take(3)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join(" | ");
+            if looks_like_oom(&all) {
+                return Outcome::OutOfMemory { message: tail };
+            }
+            return Outcome::Failed {
+                message: format!(
+                    "exit {}: {tail}",
+                    status.code().map_or("signal".into(), |c| c.to_string())
+                ),
+            };
+        }
+        match self.parse(&all) {
+            Some(v) if v.is_finite() => Outcome::Ok { value: v },
+            _ => Outcome::Failed {
+                message: match &self.metric {
+                    Metric::JsonKey(k) => {
+                        format!("no JSON line with a numeric \"{k}\" in the output")
+                    }
+                    Metric::Regex(r) => {
+                        format!("no number matching /{}/ in the output", r.as_str())
+                    }
+                },
+            },
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The configuration space: every valid combination of sizes and switches, each distinct layout
+//! once.
+//!
+//! Equivalent configs are dropped at the source: sequence parallelism only with tp > 1, ZeRO > 0
+//! only with dp > 1, interleaving only with pp > 1, selective recomputation not with flash
+//! attention (flash stores no s×s tensor, so they are the same run), and rank orders that differ
+//! only in where size-1 dimensions sit.
+
+use exatrain_spec::{Dim, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute};
+
+/// What to search over; [`SpaceSpec::new`] gives the whole space the planner understands.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SpaceSpec {
+    pub gpus: u32,
+    /// Global batch sizes (sequences) to consider.
+    pub global_batches: Vec<u32>,
+    /// Largest micro-batch considered (all divisors of global_batch / dp up to this).
+    pub max_micro_batch: u32,
+    pub zero: Vec<u8>,
+    pub recompute: Vec<Recompute>,
+    pub sequence_parallel: Vec<bool>,
+    pub flash_attention: Vec<bool>,
+    /// Consider interleaved schedules (all virtual stage counts that divide the layers per stage).
+    pub interleave: bool,
+    pub orders: Vec<RankOrder>,
+    pub dtype: Dtype,
+    pub overlap_dp: bool,
+}
+
+impl SpaceSpec {
+    pub fn new(gpus: u32, global_batch: u32) -> Self {
+        SpaceSpec {
+            gpus,
+            global_batches: vec![global_batch],
+            max_micro_batch: 16,
+            zero: vec![0, 1, 2, 3],
+            recompute: Recompute::ALL.to_vec(),
+            sequence_parallel: vec![false, true],
+            flash_attention: vec![false, true],
+            interleave: true,
+            orders: RankOrder::ALL.to_vec(),
+            dtype: Dtype::Bf16,
+            overlap_dp: true,
+        }
+    }
+}
+
+fn divisors(n: u32) -> impl Iterator<Item = u32> {
+    (1..=n).filter(move |d| n % d == 0)
+}
+
+/// The sizes of one layout; the switches vary on top of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    pub global_batch: u32,
+    pub micro_batch: u32,
+}
+
+/// The options that apply to one shape, and their product.
+struct Options {
+    shape: Shape,
+    zero: Vec<u8>,
+    attention: Vec<(Recompute, bool)>,
+    sp: Vec<bool>,
+    virtual_stages: Vec<u32>,
+    orders: Vec<RankOrder>,
+}
+
+impl Options {
+    fn count(&self) -> usize {
+        self.zero.len()
+            * self.attention.len()
+            * self.sp.len()
+            * self.virtual_stages.len()
+            * self.orders.len()
+    }
+
+    /// The i-th combination (mixed radix).
+    fn get(&self, mut i: usize, s: &SpaceSpec) -> ParallelConfig {
+        let mut pick = |n: usize| {
+            let k = i % n;
+            i /= n;
+            k
+        };
+        let zero = self.zero[pick(self.zero.len())];
+        let (recompute, flash_attention) = self.attention[pick(self.attention.len())];
+        let sequence_parallel = self.sp[pick(self.sp.len())];
+        let virtual_stages = self.virtual_stages[pick(self.virtual_stages.len())];
+        let order = self.orders[pick(self.orders.len())];
+        let Shape {
+            tp,
+            pp,
+            dp,
+            global_batch,
+            micro_batch,
+        } = self.shape;
+        ParallelConfig {
+            tp,
+            pp,
+            dp,
+            micro_batch,
+            global_batch,
+            zero,
+            recompute,
+            sequence_parallel,
+            virtual_stages,
+            flash_attention,
+            dtype: s.dtype,
+            overlap_dp: s.overlap_dp,
+            order,
+        }
+    }
+}
+
+/// Orders that place the dimensions of size > 1 differently: one representative each.
+fn distinct_orders(orders: &[RankOrder], tp: u32, pp: u32, dp: u32) -> Vec<RankOrder> {
+    let size = |d: Dim| match d {
+        Dim::Tp => tp,
+        Dim::Dp => dp,
+        Dim::Pp => pp,
+    };
+    let mut keys: Vec<Vec<Dim>> = Vec::new();
+    let mut out = Vec::new();
+    for o in orders {
+        let key: Vec<Dim> = o.0.iter().copied().filter(|d| size(*d) > 1).collect();
+        if !keys.contains(&key) {
+            keys.push(key);
+            out.push(*o);
+        }
+    }
+    out
+}
+
+/// The (tp, pp, dp, global batch, micro-batch) shapes that divide the model and the batch.
+pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Shape> + 'a {
+    let gpus = s.gpus;
+    divisors(gpus)
+        .filter(move |tp| m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
+        .flat_map(move |tp| {
+            divisors(gpus / tp)
+                .filter(move |pp| m.layers % pp == 0)
+                .map(move |pp| (tp, pp, gpus / tp / pp))
+        })
+        .flat_map(move |(tp, pp, dp)| {
+            s.global_batches
+                .iter()
+                .filter(move |gb| *gb % dp == 0)
+                .flat_map(move |&gb| {
+                    divisors(gb / dp)
+                        .filter(move |mb| *mb <= s.max_micro_batch)
+                        .map(move |micro_batch| Shape {
+                            tp,
+                            pp,
+                            dp,
+                            global_batch: gb,
+                            micro_batch,
+                        })
+                })
+        })
+}
+
+fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
+    let Shape {
+        tp,
+        pp,
+        dp,
+        global_batch,
+        micro_batch,
+    } = shape;
+    let zero: Vec<u8> = if dp == 1 {
+        vec![0]
+    } else {
+        s.zero.iter().copied().filter(|z| *z <= 3).collect()
+    };
+    let mut attention = Vec::new();
+    for &flash in &s.flash_attention {
+        for &r in &s.recompute {
+            if !(flash && r == Recompute::Selective) {
+                attention.push((r, flash));
+            }
+        }
+    }
+    let sp: Vec<bool> = if tp == 1 || m.seq_len % tp != 0 {
+        vec![false]
+    } else {
+        s.sequence_parallel.clone()
+    };
+    let per_stage = m.layers / pp;
+    let microbatches = global_batch / (micro_batch * dp);
+    let virtual_stages: Vec<u32> = if pp == 1 || !s.interleave || microbatches % pp != 0 {
+        vec![1]
+    } else {
+        divisors(per_stage).collect()
+    };
+    Options {
+        shape,
+        zero,
+        attention,
+        sp,
+        virtual_stages,
+        orders: distinct_orders(&s.orders, tp, pp, dp),
+    }
+}
+
+/// Every valid, distinct layout of one shape, lazily.
+pub fn shape_configs<'a>(
+    m: &'a ModelSpec,
+    s: &'a SpaceSpec,
+    shape: Shape,
+) -> impl Iterator<Item = ParallelConfig> + 'a {
+    let o = options(m, s, shape);
+    (0..o.count())
+        .map(move |i| o.get(i, s))
+        .filter(move |c| c.check(m, s.gpus).is_ok())
+}
+
+/// Every valid, distinct layout of the space, lazily.
+pub fn configs<'a>(
+    m: &'a ModelSpec,
+    s: &'a SpaceSpec,
+) -> impl Iterator<Item = ParallelConfig> + 'a {
+    shapes(m, s).flat_map(move |shape| shape_configs(m, s, shape))
+}
+
+/// Why a device count admits no layout at all, in words (None when some layout exists).
+pub fn why_empty(m: &ModelSpec, s: &SpaceSpec) -> Option<String> {
+    if configs(m, s).next().is_some() {
+        return None;
+    }
+    let gpus = s.gpus;
+    let cells: Vec<String> = divisors(gpus)
+        .filter(|tp| m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
+        .flat_map(|tp| {
+            divisors(gpus / tp)
+                .filter(|pp| m.layers % pp == 0)
+                .map(move |pp| (tp, pp))
+        })
+        .map(|(tp, pp)| format!("({tp}, {pp}, {})", gpus / tp / pp))
+        .collect();
+    let batches: Vec<String> = s.global_batches.iter().map(|g| g.to_string()).collect();
+    Some(format!(
+        "no (tp, pp) divides {} layers and {} heads into {gpus} GPUs with a data-parallel size that divides global batch {} into micro-batches ≤ {} (candidates (tp, pp, dp): {})",
+        m.layers,
+        m.heads,
+        batches.join(", "),
+        s.max_micro_batch,
+        cells.join(", ")
+    ))
+}
