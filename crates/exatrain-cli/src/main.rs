@@ -2,6 +2,7 @@
 
 mod args;
 mod plan_cmd;
+mod study_cmd;
 mod table;
 mod tune_cmd;
 mod validate;
@@ -24,14 +25,34 @@ enum Command {
     Validate(validate::ValidateArgs),
     /// Search layouts: exhaustive over the cost model, or Bayesian/random over real runs.
     Tune(tune_cmd::TuneArgs),
+    /// Scaling study: best layout per node count, weak/strong scaling, time to train, HTML report
+    /// (default: gpt-22b, gpt-175b, gpt-1t on 128 and 384 Frontier nodes).
+    Study(study_cmd::StudyArgs),
+    /// Turn a layout into a launch script: megatron-lm, megatron-deepspeed, slurm or exatrain.
+    Export(study_cmd::ExportArgs),
 }
 
 fn main() {
+    // A closed pipe (`exatrain study | head`) ends the program quietly instead of panicking.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("");
+        if msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan(a) => plan_cmd::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Tune(a) => tune_cmd::run(a),
+        Command::Study(a) => study_cmd::run_study(a),
+        Command::Export(a) => study_cmd::run_export(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

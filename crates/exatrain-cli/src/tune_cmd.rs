@@ -303,6 +303,7 @@ fn exhaustive_cmd(
         let (points, front) = exhaustive::pareto(model, cluster, &s, gpu_list, &|_| {});
         pb.finish_and_clear();
         let out = serde_json::json!({
+            "model": model.name, "cluster": cluster.name,
             "evaluated": points.iter().map(|p| p.evaluated).sum::<u64>(),
             "feasible": points.iter().map(|p| p.feasible).sum::<u64>(),
             "points": points.iter().map(|p| serde_json::json!({
@@ -348,6 +349,8 @@ fn exhaustive_cmd(
     pb.finish_and_clear();
     let dt = t0.elapsed().as_secs_f64();
     let out = serde_json::json!({
+        "model": model.name,
+        "cluster": cluster.name,
         "evaluated": r.evaluated,
         "feasible": r.feasible,
         "seconds": dt,
@@ -466,6 +469,8 @@ fn black_box_search(
     let failed = trials.len() - ok.len();
     if a.json {
         let out = serde_json::json!({
+            "model": model.name,
+            "cluster": cluster.name,
             "evaluated": trials.len(),
             "feasible": ok.len(),
             "failed": failed,

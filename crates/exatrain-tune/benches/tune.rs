@@ -61,8 +61,17 @@ fn main() {
     let budget = 100;
     println!("\n## black-box search with the cost model as the objective ({seeds} seeds, budget {budget})");
     println!(
-        "{:<10} {:>6} {:>8} {:<8} {:>14} {:>9} {:>14}",
-        "model", "gpus", "space", "strategy", "median trials", "reached", "median best"
+        "{:<10} {:>6} {:>8} {:>5} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "model",
+        "gpus",
+        "space",
+        "<2%",
+        "strategy",
+        "trials→2%",
+        "trials→5%",
+        "trials→10%",
+        "best@30",
+        "best@100"
     );
     for (model, gpus, gbs) in [
         ("gpt-22b", 128u32, 1024u32),
@@ -73,17 +82,20 @@ fn main() {
         let c = presets::cluster("frontier").unwrap();
         let s = SpaceSpec::new(gpus, gbs);
         let space: Vec<_> = space::configs(&m, &s).collect();
-        let optimum = exhaustive::search(&m, &c, &s, 1, &|_| {}).best[0]
-            .plan
-            .tokens_per_s;
+        let top = exhaustive::search(&m, &c, &s, 1000, &|_| {});
+        let optimum = top.best[0].plan.tokens_per_s;
+        let near = top
+            .best
+            .iter()
+            .filter(|r| r.plan.tokens_per_s >= 0.98 * optimum)
+            .count();
         let eval = CostModel {
             model: &m,
             cluster: &c,
         };
         for (name, strategy) in [("bayes", Strategy::Bayes), ("random", Strategy::Random)] {
-            let mut trials = Vec::new();
-            let mut bests = Vec::new();
-            let mut reached = 0;
+            let (mut to2, mut to5, mut to10, mut at30, mut at100) =
+                (vec![], vec![], vec![], vec![], vec![]);
             for seed in 0..seeds {
                 let t = bayes::run(
                     &space,
@@ -93,33 +105,42 @@ fn main() {
                     &mut |_| Ok(()),
                 )
                 .unwrap();
-                let n = bayes::trials_to_reach(&t, optimum, 0.02);
-                if n.is_some() {
-                    reached += 1;
-                }
-                trials.push(n.map_or(f64::INFINITY, |n| n as f64));
-                bests.push(
+                let reach = |tol| {
+                    bayes::trials_to_reach(&t, optimum, tol).map_or(f64::INFINITY, |n| n as f64)
+                };
+                to2.push(reach(0.02));
+                to5.push(reach(0.05));
+                to10.push(reach(0.10));
+                let best_at = |k: usize| {
                     t.iter()
+                        .take(k)
                         .filter_map(|x| x.outcome.value())
                         .fold(0.0, f64::max)
-                        / optimum,
-                );
+                        / optimum
+                };
+                at30.push(best_at(30));
+                at100.push(best_at(100));
             }
-            let med = median(trials);
+            let show = |v: Vec<f64>| {
+                let m = median(v);
+                if m.is_finite() {
+                    format!("{m:.0}")
+                } else {
+                    format!(">{budget}")
+                }
+            };
             println!(
-                "{:<10} {:>6} {:>8} {:<8} {:>14} {:>6}/{:<2} {:>13.1}%",
+                "{:<10} {:>6} {:>8} {:>5} {:<8} {:>10} {:>10} {:>10} {:>9.1}% {:>9.1}%",
                 model,
                 gpus,
                 space.len(),
+                near,
                 name,
-                if med.is_finite() {
-                    format!("{med:.0}")
-                } else {
-                    format!(">{budget}")
-                },
-                reached,
-                seeds,
-                100.0 * median(bests)
+                show(to2),
+                show(to5),
+                show(to10),
+                100.0 * median(at30),
+                100.0 * median(at100)
             );
         }
     }

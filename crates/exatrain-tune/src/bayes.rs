@@ -80,6 +80,8 @@ pub struct Settings {
     pub pool: usize,
     /// Every n-th proposal is global (the rest search the trust region around the incumbent).
     pub global_every: u64,
+    /// Trust-region radius: knobs a local proposal may change at once.
+    pub radius: usize,
 }
 
 impl Settings {
@@ -96,6 +98,7 @@ impl Settings {
             trees: 40,
             pool: 2000,
             global_every: 4,
+            radius: 2,
         }
     }
 }
@@ -168,7 +171,7 @@ impl<'a> State<'a> {
                 .iter()
                 .filter(|k| k.iter().any(|&f| xi[f] != xj[f]))
                 .count();
-            (j != i && moved <= 2).then_some(j)
+            (j != i && moved <= self.settings.radius).then_some(j)
         })
     }
 

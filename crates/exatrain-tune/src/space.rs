@@ -4,7 +4,8 @@
 //! Equivalent configs are dropped at the source: sequence parallelism only with tp > 1, ZeRO > 0
 //! only with dp > 1, interleaving only with pp > 1, selective recomputation not with flash
 //! attention (flash stores no s×s tensor, so they are the same run), and rank orders that differ
-//! only in where size-1 dimensions sit.
+//! only in where size-1 dimensions sit. By default ([`SpaceSpec::launchable`]) the space also
+//! leaves out ZeRO-2/3 with pipeline parallelism, which no common framework runs.
 
 use exatrain_spec::{Dim, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute};
 
@@ -25,6 +26,9 @@ pub struct SpaceSpec {
     pub orders: Vec<RankOrder>,
     pub dtype: Dtype,
     pub overlap_dp: bool,
+    /// Only layouts the common frameworks run: ZeRO-2/3 only without pipeline parallelism
+    /// (DeepSpeed's pipeline engine allows ZeRO-1 only; Megatron-LM has ZeRO-1 only).
+    pub launchable: bool,
 }
 
 impl SpaceSpec {
@@ -41,6 +45,7 @@ impl SpaceSpec {
             orders: RankOrder::ALL.to_vec(),
             dtype: Dtype::Bf16,
             overlap_dp: true,
+            launchable: true,
         }
     }
 }
@@ -173,7 +178,11 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     let zero: Vec<u8> = if dp == 1 {
         vec![0]
     } else {
-        s.zero.iter().copied().filter(|z| *z <= 3).collect()
+        s.zero
+            .iter()
+            .copied()
+            .filter(|z| *z <= 3 && !(s.launchable && pp > 1 && *z >= 2))
+            .collect()
     };
     let mut attention = Vec::new();
     for &flash in &s.flash_attention {
@@ -241,12 +250,17 @@ pub fn why_empty(m: &ModelSpec, s: &SpaceSpec) -> Option<String> {
         .map(|(tp, pp)| format!("({tp}, {pp}, {})", gpus / tp / pp))
         .collect();
     let batches: Vec<String> = s.global_batches.iter().map(|g| g.to_string()).collect();
+    let shown = if cells.len() > 6 {
+        format!("{}, … ({} in all)", cells[..6].join(", "), cells.len())
+    } else {
+        cells.join(", ")
+    };
     Some(format!(
         "no (tp, pp) divides {} layers and {} heads into {gpus} GPUs with a data-parallel size that divides global batch {} into micro-batches ≤ {} (candidates (tp, pp, dp): {})",
         m.layers,
         m.heads,
         batches.join(", "),
         s.max_micro_batch,
-        cells.join(", ")
+        shown
     ))
 }

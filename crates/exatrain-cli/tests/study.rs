@@ -1,0 +1,171 @@
+//! `exatrain study` and `exatrain export` end to end.
+
+use std::process::{Command, Output};
+
+fn exatrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("exatrain-study-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn default_study_is_the_seed_study_and_writes_a_report() {
+    let dir = tmp("seed");
+    let out = exatrain(&["study", "--out", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for w in ["gpt-22b", "gpt-175b", "gpt-1t", "weak eff", "days+fail"] {
+        assert!(text.contains(w), "{w}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("study.json")).unwrap()).unwrap();
+    assert_eq!(v["nodes"], serde_json::json!([128, 384]));
+    assert_eq!(v["models"].as_array().unwrap().len(), 3);
+    let page = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(page.starts_with("<!doctype html>") && page.contains("</html>"));
+    assert!(!dir.join("report.tmp").exists(), "no temp file left behind");
+    // 1T on 20 trillion tokens: ~120 million exaFLOPs
+    let flops = v["models"][2]["total_flops"].as_f64().unwrap() / 1e18;
+    assert!((1.1e8..1.3e8).contains(&flops), "{flops}");
+
+    // export from the study: the row's layout, exactly
+    let row = &v["models"][1]["rows"][0]["strong"]["config"];
+    let out = exatrain(&[
+        "export",
+        "--from",
+        dir.join("study.json").to_str().unwrap(),
+        "--model",
+        "gpt-175b",
+        "--nodes",
+        "128",
+        "--format",
+        "megatron-deepspeed",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        s.contains(&format!("--tensor-model-parallel-size {}", row["tp"])),
+        "{s}"
+    );
+    assert!(s.contains(&format!("--pipeline-model-parallel-size {}", row["pp"])));
+    assert!(s.contains("\"train_batch_size\""));
+}
+
+#[test]
+fn export_from_flags_and_from_a_tune_result() {
+    let out = exatrain(&[
+        "export",
+        "--format",
+        "slurm",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "64",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--global-batch",
+        "64",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .contains("#SBATCH --nodes=8"));
+    let dir = tmp("tune");
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "128",
+        "--out",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let tune: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let best = &tune["best"][1];
+    let files = dir.join("files");
+    let out = exatrain(&[
+        "export",
+        "--from",
+        dir.join("tune.json").to_str().unwrap(),
+        "--pick",
+        "1",
+        "--format",
+        "exatrain",
+        "--out",
+        files.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = std::fs::read_to_string(files.join("run.toml")).unwrap();
+    let t: toml::Value = toml::from_str(&run).unwrap();
+    for k in ["tp", "pp", "dp", "micro_batch", "global_batch", "zero"] {
+        assert_eq!(
+            t["parallel"][k].as_integer().unwrap() as u64,
+            best[k].as_u64().unwrap(),
+            "{k}"
+        );
+    }
+    assert_eq!(t["model"]["name"].as_str(), Some("gpt-22b"));
+}
+
+#[test]
+fn study_and_export_bad_input() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["study", "--tokens", "0"],
+            "the token budget must be positive",
+        ),
+        (&["study", "--tokens", "lots"], "is not a number"),
+        (
+            &["study", "--nodes", "0"],
+            "--nodes 0 is not a positive integer",
+        ),
+        (
+            &["study", "--out", "/proc/exatrain/report"],
+            "--out /proc/exatrain/report: cannot create",
+        ),
+        (
+            &["export", "--format", "torchtitan"],
+            "allowed: megatron-lm, megatron-deepspeed, slurm, exatrain",
+        ),
+        (
+            &["export", "--zero", "3"],
+            "needs --format megatron-deepspeed",
+        ),
+        (&["export", "--from", "/nonexistent.json"], "cannot read"),
+    ];
+    for (args, want) in cases {
+        let out = exatrain(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: got {err}, want {want}");
+    }
+}

@@ -1,0 +1,396 @@
+//! The study as one self-contained HTML page: SVG plots drawn with plotters, the tables, and the
+//! study's JSON embedded verbatim (`<script type="application/json" id="study">`), so the page and
+//! `study.json` cannot disagree.
+
+use plotters::prelude::*;
+
+use crate::{Point, Study};
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+type Series = (String, Vec<(f64, f64)>, bool);
+
+fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> String {
+    let mut svg = String::new();
+    let xs: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .collect();
+    let ys: Vec<f64> = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .collect();
+    if xs.is_empty() {
+        return format!("<p>{title}: no data</p>");
+    }
+    let (x0, x1) = (
+        xs.iter().cloned().fold(f64::INFINITY, f64::min),
+        xs.iter().cloned().fold(0.0, f64::max),
+    );
+    let (y0, y1) = (
+        ys.iter().cloned().fold(f64::INFINITY, f64::min),
+        ys.iter().cloned().fold(0.0, f64::max),
+    );
+    let xr = (x0 * 0.8).max(0.5)..(x1 * 1.25).max(1.0);
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 360)).into_drawing_area();
+        let _ = root.fill(&WHITE);
+        let draw =
+            |root: &DrawingArea<SVGBackend, _>| -> Result<(), Box<dyn std::error::Error + '_>> {
+                macro_rules! body {
+                    ($chart:expr) => {{
+                        let mut chart = $chart;
+                        chart
+                            .configure_mesh()
+                            .x_desc("nodes")
+                            .y_desc(y_label)
+                            .draw()?;
+                        for (i, (name, pts, dashed)) in series.iter().enumerate() {
+                            let color = COLORS[i % COLORS.len()];
+                            let style = ShapeStyle::from(&color).stroke_width(2);
+                            if *dashed {
+                                chart
+                                    .draw_series(DashedLineSeries::new(
+                                        pts.iter().copied(),
+                                        6,
+                                        4,
+                                        style,
+                                    ))?
+                                    .label(name.clone())
+                                    .legend(move |(x, y)| {
+                                        PathElement::new(vec![(x, y), (x + 20, y)], color)
+                                    });
+                            } else {
+                                chart
+                                    .draw_series(LineSeries::new(pts.iter().copied(), style))?
+                                    .label(name.clone())
+                                    .legend(move |(x, y)| {
+                                        PathElement::new(vec![(x, y), (x + 20, y)], color)
+                                    });
+                            }
+                            chart.draw_series(
+                                pts.iter().map(|p| Circle::new(*p, 3, color.filled())),
+                            )?;
+                        }
+                        chart
+                            .configure_series_labels()
+                            .background_style(WHITE.mix(0.8))
+                            .border_style(BLACK)
+                            .draw()?;
+                    }};
+                }
+                let builder = || {
+                    let mut b = ChartBuilder::on(root);
+                    b.caption(title, ("sans-serif", 18))
+                        .margin(12)
+                        .x_label_area_size(36)
+                        .y_label_area_size(64);
+                    b
+                };
+                if log_y {
+                    body!(builder().build_cartesian_2d(
+                        xr.clone().log_scale(),
+                        ((y0 * 0.5).max(1e-9)..y1 * 2.0).log_scale()
+                    )?);
+                } else {
+                    body!(builder()
+                        .build_cartesian_2d(xr.clone().log_scale(), 0.0..(y1 * 1.15).max(1e-9))?);
+                }
+                root.present()?;
+                Ok(())
+            };
+        if let Err(e) = draw(&root) {
+            return format!("<p>{title}: could not draw: {e}</p>");
+        }
+    }
+    svg
+}
+
+fn stacked_bars(
+    title: &str,
+    y_label: &str,
+    labels: &[String],
+    categories: &[&str],
+    values: &[Vec<f64>],
+    limit: Option<f64>,
+) -> String {
+    let mut svg = String::new();
+    let top = values
+        .iter()
+        .map(|v| v.iter().sum::<f64>())
+        .fold(limit.unwrap_or(0.0), f64::max)
+        * 1.15;
+    {
+        let root = SVGBackend::with_string(&mut svg, (720, 380)).into_drawing_area();
+        let _ = root.fill(&WHITE);
+        let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
+            let n = labels.len();
+            let mut chart = ChartBuilder::on(&root)
+                .caption(title, ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(48)
+                .y_label_area_size(64)
+                .build_cartesian_2d(0f64..n as f64, 0f64..top.max(1e-9))?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n.max(1))
+                .x_label_formatter(&|x| {
+                    let i = (*x - 0.5).round() as usize;
+                    if (*x - 0.5 - i as f64).abs() < 0.01 && i < labels.len() {
+                        labels[i].clone()
+                    } else {
+                        String::new()
+                    }
+                })
+                .y_desc(y_label)
+                .draw()?;
+            for (c, cat) in categories.iter().enumerate() {
+                let color = COLORS[c % COLORS.len()];
+                chart
+                    .draw_series(values.iter().enumerate().map(|(i, v)| {
+                        let base: f64 = v[..c].iter().sum();
+                        Rectangle::new(
+                            [(i as f64 + 0.15, base), (i as f64 + 0.85, base + v[c])],
+                            color.filled(),
+                        )
+                    }))?
+                    .label(*cat)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                    });
+            }
+            if let Some(l) = limit {
+                chart
+                    .draw_series(LineSeries::new(
+                        vec![(0.0, l), (n as f64, l)],
+                        ShapeStyle::from(&BLACK).stroke_width(1),
+                    ))?
+                    .label("capacity")
+                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            root.present()?;
+            Ok(())
+        };
+        if let Err(e) = draw() {
+            return format!("<p>{title}: could not draw: {e}</p>");
+        }
+    }
+    svg
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A compact description of a layout.
+pub fn layout(p: &Point) -> String {
+    let c = &p.config;
+    format!(
+        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · {}{}{}{}",
+        c.tp,
+        c.pp,
+        c.dp,
+        c.micro_batch,
+        p.global_batch,
+        c.zero,
+        c.recompute,
+        if c.sequence_parallel { " · sp" } else { "" },
+        if c.virtual_stages > 1 {
+            format!(" · v {}", c.virtual_stages)
+        } else {
+            String::new()
+        },
+        if c.flash_attention { " · flash" } else { "" }
+    )
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{:.1} %", 100.0 * v))
+}
+
+/// The HTML page for a study and its JSON text.
+pub fn html(study: &Study, json: &str) -> String {
+    let mut tput = Vec::new();
+    let mut mfu = Vec::new();
+    let mut eff = Vec::new();
+    let mut bar_labels = Vec::new();
+    let mut time_bars = Vec::new();
+    let mut mem_bars = Vec::new();
+    for m in &study.models {
+        let pts = |f: &dyn Fn(&crate::Row) -> Option<f64>| {
+            m.rows
+                .iter()
+                .filter_map(|r| f(r).map(|v| (r.nodes as f64, v)))
+                .collect::<Vec<_>>()
+        };
+        tput.push((
+            format!("{} (strong)", m.model),
+            pts(&|r| r.strong.as_ref().map(|p| p.plan.tokens_per_s)),
+            false,
+        ));
+        tput.push((
+            format!("{} (weak)", m.model),
+            pts(&|r| r.weak.as_ref().map(|p| p.plan.tokens_per_s)),
+            true,
+        ));
+        mfu.push((
+            format!("{} (strong)", m.model),
+            pts(&|r| r.strong.as_ref().map(|p| 100.0 * p.plan.mfu)),
+            false,
+        ));
+        mfu.push((
+            format!("{} (weak)", m.model),
+            pts(&|r| r.weak.as_ref().map(|p| 100.0 * p.plan.mfu)),
+            true,
+        ));
+        eff.push((
+            format!("{} strong", m.model),
+            pts(&|r| r.strong_efficiency.map(|e| 100.0 * e)),
+            false,
+        ));
+        eff.push((
+            format!("{} weak", m.model),
+            pts(&|r| r.weak_efficiency.map(|e| 100.0 * e)),
+            true,
+        ));
+        for r in &m.rows {
+            if let Some(p) = &r.strong {
+                bar_labels.push(format!("{}@{}", m.model, r.nodes));
+                let t = &p.plan.time_s;
+                let s = p.plan.step_time_s;
+                time_bars.push(
+                    [
+                        t.compute,
+                        t.tp_comm,
+                        t.pp_comm,
+                        t.dp_comm,
+                        t.bubble,
+                        t.optimizer,
+                    ]
+                    .iter()
+                    .map(|x| 100.0 * x / s)
+                    .collect(),
+                );
+                let mb = &p.plan.memory_bytes;
+                let g = (1u64 << 30) as f64;
+                mem_bars.push(
+                    [mb.weights, mb.grads, mb.optimizer, mb.activations, mb.other]
+                        .iter()
+                        .map(|x| x / g)
+                        .collect(),
+                );
+            }
+        }
+    }
+    let capacity = study
+        .models
+        .iter()
+        .flat_map(|m| m.rows.iter())
+        .find_map(|r| {
+            r.strong
+                .as_ref()
+                .map(|p| p.plan.capacity_bytes / (1u64 << 30) as f64)
+        });
+
+    let mut h = String::new();
+    h.push_str("<!doctype html><html><head><meta charset=\"utf-8\"><title>exatrain study</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}svg{display:block;margin:1em 0}</style></head><body>");
+    h.push_str(&format!(
+        "<h1>exatrain study: {} on {}</h1><p>Device {} ({:.1} TFLOP/s bf16 peak). Best layout per node count from an exhaustive search of the cost model. Weak scaling grows the global batch with the node count; strong scaling keeps the smallest count's batch. Efficiencies are per-device throughput relative to the smallest count.</p>",
+        esc(&study.models.iter().map(|m| m.model.clone()).collect::<Vec<_>>().join(", ")),
+        esc(&study.cluster),
+        esc(&study.device),
+        study.peak_tflops
+    ));
+    h.push_str("<h2>Best layouts and scaling</h2><table><tr><th>model</th><th>nodes</th><th>GPUs</th><th class=l>layout (strong)</th><th>tokens/s</th><th>MFU</th><th>weak MFU</th><th>weak eff.</th><th>strong eff.</th><th class=l>note</th></tr>");
+    for m in &study.models {
+        for r in &m.rows {
+            h.push_str(&format!(
+                "<tr><td class=l>{}</td><td>{}</td><td>{}</td><td class=l>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=l>{}</td></tr>",
+                esc(&m.model),
+                r.nodes,
+                r.gpus,
+                r.strong.as_ref().map_or("–".into(), layout),
+                r.strong.as_ref().map_or("–".into(), |p| format!("{:.0}", p.plan.tokens_per_s)),
+                pct(r.strong.as_ref().map(|p| p.plan.mfu)),
+                pct(r.weak.as_ref().map(|p| p.plan.mfu)),
+                pct(r.weak_efficiency),
+                pct(r.strong_efficiency),
+                esc(r.why.as_deref().unwrap_or(""))
+            ));
+        }
+    }
+    h.push_str("</table><h2>Time to train</h2><table><tr><th>model</th><th>nodes</th><th>tokens</th><th>model EFLOPs</th><th>days (no failures)</th><th>GPU-hours</th><th>node-hours</th><th>energy MWh</th><th>system MTBF h</th><th>checkpoint GB</th><th>interval min</th><th>overhead</th><th>days with failures</th></tr>");
+    for m in &study.models {
+        for r in &m.rows {
+            let Some(t) = &r.time_to_train else { continue };
+            let c = t.checkpoint.as_ref();
+            h.push_str(&format!(
+                "<tr><td class=l>{}</td><td>{}</td><td>{:.3e}</td><td>{:.3e}</td><td>{:.1}</td><td>{:.3e}</td><td>{:.3e}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&m.model),
+                r.nodes,
+                t.tokens,
+                m.total_flops / 1e18,
+                t.days,
+                t.gpu_hours,
+                t.node_hours,
+                t.energy_mwh.map_or("–".into(), |e| format!("{e:.0}")),
+                c.map_or("–".into(), |c| format!("{:.2}", c.system_mtbf_hours)),
+                c.map_or("–".into(), |c| format!("{:.0}", c.bytes / 1e9)),
+                c.map_or("–".into(), |c| format!("{:.1}", c.interval_s / 60.0)),
+                c.map_or("–".into(), |c| format!("{:.1} %", 100.0 * c.overhead)),
+                c.map_or("–".into(), |c| format!("{:.1}", c.effective_days)),
+            ));
+        }
+    }
+    h.push_str("</table><h2>Plots</h2>");
+    h.push_str(&line_chart("Throughput", "tokens/s", &tput, true));
+    h.push_str(&line_chart("Model FLOPs utilization", "MFU %", &mfu, false));
+    h.push_str(&line_chart(
+        "Scaling efficiency",
+        "efficiency %",
+        &eff,
+        false,
+    ));
+    h.push_str(&stacked_bars(
+        "Step time breakdown (strong-scaling layouts)",
+        "% of step",
+        &bar_labels,
+        &[
+            "compute",
+            "tp_comm",
+            "pp_comm",
+            "dp_comm",
+            "bubble",
+            "optimizer",
+        ],
+        &time_bars,
+        None,
+    ));
+    h.push_str(&stacked_bars(
+        "Memory per GPU (strong-scaling layouts)",
+        "GiB",
+        &bar_labels,
+        &["weights", "grads", "optimizer", "activations", "other"],
+        &mem_bars,
+        capacity,
+    ));
+    h.push_str("<h2>Data</h2><p>Every number of this page, as written to study.json:</p><script type=\"application/json\" id=\"study\">");
+    h.push_str(&json.replace("</", "<\\/"));
+    h.push_str("</script></body></html>\n");
+    h
+}

@@ -1,0 +1,198 @@
+use exatrain_spec::{presets, ParallelConfig, Recompute};
+use exatrain_study::export::{export, Format};
+use exatrain_study::ttt::{daly_interval, expected_wall_time, time_to_train, young_interval};
+use exatrain_study::{report, scaling_efficiency, study, StudySpec};
+
+fn spec(nodes: Vec<u32>) -> StudySpec {
+    StudySpec {
+        nodes,
+        global_batch: None,
+        tokens: Some(1e11),
+        tokens_per_param: 20.0,
+        node_mtbf_hours: None,
+        checkpoint_write_gbps: None,
+    }
+}
+
+#[test]
+fn scaling_efficiency_by_hand() {
+    // 8 devices at 100 tokens/s each; 32 devices giving 2800 tokens/s → 87.5 %
+    assert_eq!(
+        scaling_efficiency(Some(100.0), Some(2800.0), 32),
+        Some(0.875)
+    );
+    assert_eq!(scaling_efficiency(Some(100.0), None, 32), None);
+}
+
+#[test]
+fn young_and_daly_intervals_by_hand() {
+    // δ = 60 s, M = 1 day: Young √(2·60·86400) = 3220.0 s
+    let (d, m) = (60.0, 86400.0);
+    assert!((young_interval(d, m) - 3219.94).abs() < 0.01);
+    // Daly: √(2δM)·(1 + ⅓√(δ/2M) + δ/(18M)) − δ
+    let r: f64 = d / (2.0 * m);
+    let want = (2.0 * d * m).sqrt() * (1.0 + r.sqrt() / 3.0 + r / 9.0) - d;
+    assert!((daly_interval(d, m) - want).abs() < 1e-9);
+    assert!((daly_interval(d, m) - 3180.06).abs() < 0.05);
+    assert_eq!(
+        daly_interval(3.0 * m, m),
+        m,
+        "δ ≥ 2M: checkpoint every MTBF"
+    );
+    // no failures: only the checkpoint writes cost, (τ + δ)/τ
+    let w = expected_wall_time(1e6, 3600.0, 60.0, 0.0, 1e15);
+    assert!((w / 1e6 - 3660.0 / 3600.0).abs() < 1e-6);
+    // failures make it longer
+    assert!(expected_wall_time(1e6, 3600.0, 60.0, 600.0, 86400.0) > w);
+}
+
+#[test]
+fn time_to_train_arithmetic() {
+    let m = presets::model("gpt-22b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let t = time_to_train(
+        &m,
+        &c,
+        exatrain_spec::Dtype::Bf16,
+        16,
+        1e5,
+        1e9,
+        &spec(vec![2]),
+    );
+    assert_eq!(t.seconds, 1e4);
+    assert!((t.gpu_hours - 1e4 / 3600.0 * 16.0).abs() < 1e-9);
+    assert!((t.node_hours - 1e4 / 3600.0 * 2.0).abs() < 1e-9);
+    assert!((t.energy_mwh.unwrap() - t.node_hours * 2.4 / 1000.0).abs() < 1e-12);
+    let ck = t.checkpoint.unwrap();
+    assert!(
+        (ck.bytes - m.params() as f64 * 14.0).abs() < 1.0,
+        "bf16 weights + fp32 master/m/v"
+    );
+    assert!((ck.system_mtbf_hours - 25000.0 / 2.0).abs() < 1e-9);
+    assert!(ck.overhead > 0.0 && ck.effective_days > t.days);
+}
+
+#[test]
+fn study_rows_report_and_json_agree() {
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    // 1 node cannot hold a 175B model with its Adam state: its row says why, the others go on.
+    let s = study(&[m], &c, &spec(vec![1, 16, 32]));
+    let rows = &s.models[0].rows;
+    assert!(
+        rows[0].strong.is_none() && rows[0].why.as_ref().unwrap().contains("fits"),
+        "{:?}",
+        rows[0].why
+    );
+    assert!(rows[1].strong.is_some() && rows[2].strong.is_some());
+    assert!(
+        rows[1].strong_efficiency.is_none(),
+        "no baseline when the smallest count has no layout"
+    );
+    let s = study(
+        &[presets::model("gpt-22b").unwrap()],
+        &c,
+        &spec(vec![4, 8, 16]),
+    );
+    let r = &s.models[0].rows;
+    assert_eq!(r[0].weak_efficiency, Some(1.0));
+    let base = r[0].strong.as_ref().unwrap().plan.tokens_per_s / 32.0;
+    let want = r[2].strong.as_ref().unwrap().plan.tokens_per_s / 128.0 / base;
+    assert!((r[2].strong_efficiency.unwrap() - want).abs() < 1e-12);
+    assert_eq!(
+        r[2].weak.as_ref().unwrap().global_batch,
+        4 * r[0].weak.as_ref().unwrap().global_batch
+    );
+    let json = serde_json::to_string_pretty(&s).unwrap();
+    let page = report::html(&s, &json);
+    assert!(
+        page.matches("<svg").count() >= 5,
+        "throughput, MFU, scaling, time, memory plots"
+    );
+    let start = page.find("id=\"study\">").unwrap() + "id=\"study\">".len();
+    let end = page[start..].find("</script>").unwrap() + start;
+    let embedded: serde_json::Value =
+        serde_json::from_str(&page[start..end].replace("<\\/", "</")).unwrap();
+    assert_eq!(
+        embedded,
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()
+    );
+    let t = r[1].time_to_train.as_ref().unwrap();
+    assert!(
+        page.contains(&format!("{:.1}", t.days)),
+        "the table shows the JSON's days"
+    );
+}
+
+fn flag(cmd: &str, name: &str) -> Option<String> {
+    let toks: Vec<&str> = cmd.split_whitespace().collect();
+    toks.iter()
+        .position(|t| *t == name)
+        .map(|i| toks[i + 1].to_string())
+}
+
+#[test]
+fn megatron_exports_carry_exactly_the_layout() {
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let cfg = ParallelConfig {
+        zero: 1,
+        recompute: Recompute::Selective,
+        sequence_parallel: true,
+        virtual_stages: 3,
+        ..ParallelConfig::new(4, 8, 32, 2, 2048)
+    };
+    let f = export(&m, &c, &cfg, Format::MegatronLm).unwrap();
+    let cmd = &f[0].contents;
+    for (k, v) in [
+        ("--tensor-model-parallel-size", "4"),
+        ("--pipeline-model-parallel-size", "8"),
+        ("--num-layers-per-virtual-pipeline-stage", "4"),
+        ("--micro-batch-size", "2"),
+        ("--global-batch-size", "2048"),
+        ("--num-layers", "96"),
+        ("--hidden-size", "12288"),
+        ("--num-attention-heads", "96"),
+        ("--recompute-granularity", "selective"),
+        ("--nnodes", "128"),
+        ("--nproc-per-node", "8"),
+    ] {
+        assert_eq!(flag(cmd, k).as_deref(), Some(v), "{k} in {cmd}");
+    }
+    assert!(cmd.contains("--sequence-parallel") && cmd.contains("--use-distributed-optimizer"));
+    let ds = export(
+        &m,
+        &c,
+        &ParallelConfig { zero: 1, ..cfg },
+        Format::MegatronDeepspeed,
+    )
+    .unwrap();
+    let conf: serde_json::Value = serde_json::from_str(&ds[1].contents).unwrap();
+    assert_eq!(conf["train_batch_size"], 2048);
+    assert_eq!(conf["train_micro_batch_size_per_gpu"], 2);
+    assert_eq!(conf["gradient_accumulation_steps"], 2048 / (2 * 32));
+    assert_eq!(conf["zero_optimization"]["stage"], 1);
+    let sb = &export(&m, &c, &cfg, Format::Slurm).unwrap()[0].contents;
+    assert!(
+        sb.contains("#SBATCH --nodes=128")
+            && sb.contains("--ntasks-per-node=8")
+            && sb.contains("--gpu-bind=closest")
+    );
+    let toml_text = &export(&m, &c, &cfg, Format::Exatrain).unwrap()[0].contents;
+    let back: toml::Value = toml::from_str(toml_text).unwrap();
+    let p: ParallelConfig = back["parallel"].clone().try_into().unwrap();
+    assert_eq!(p, cfg, "the exatrain run file round-trips the layout");
+    let e = export(
+        &m,
+        &c,
+        &ParallelConfig { zero: 2, ..cfg },
+        Format::MegatronLm,
+    )
+    .unwrap_err();
+    assert!(e.0.contains("megatron-deepspeed"), "{e}");
+    assert!("torchtitan"
+        .parse::<Format>()
+        .unwrap_err()
+        .0
+        .contains("allowed: megatron-lm"));
+}
