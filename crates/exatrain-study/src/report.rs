@@ -15,14 +15,20 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// (legend, points (nodes, value), dashed). Series come in pairs (strong solid, weak dashed) and a
+/// pair shares a colour.
 type Series = (String, Vec<(f64, f64)>, bool);
 
+/// Lines over node counts; the x axis is categorical (one slot per count) so that counts like
+/// 16, 32, 128, 384 spread evenly and each gets its label.
 fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> String {
     let mut svg = String::new();
-    let xs: Vec<f64> = series
+    let mut xs: Vec<f64> = series
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.0))
         .collect();
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs.dedup();
     let ys: Vec<f64> = series
         .iter()
         .flat_map(|s| s.1.iter().map(|p| p.1))
@@ -30,83 +36,78 @@ fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> Str
     if xs.is_empty() {
         return format!("<p>{title}: no data</p>");
     }
-    let (x0, x1) = (
-        xs.iter().cloned().fold(f64::INFINITY, f64::min),
-        xs.iter().cloned().fold(0.0, f64::max),
-    );
+    let slot = |x: f64| SegmentValue::CenterOf(xs.iter().position(|v| *v == x).unwrap_or(0));
     let (y0, y1) = (
         ys.iter().cloned().fold(f64::INFINITY, f64::min),
         ys.iter().cloned().fold(0.0, f64::max),
     );
-    let xr = (x0 * 0.8).max(0.5)..(x1 * 1.25).max(1.0);
     {
-        let root = SVGBackend::with_string(&mut svg, (640, 360)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (900, 380)).into_drawing_area();
         let _ = root.fill(&WHITE);
-        let draw =
-            |root: &DrawingArea<SVGBackend, _>| -> Result<(), Box<dyn std::error::Error + '_>> {
-                macro_rules! body {
-                    ($chart:expr) => {{
-                        let mut chart = $chart;
-                        chart
-                            .configure_mesh()
-                            .x_desc("nodes")
-                            .y_desc(y_label)
-                            .draw()?;
-                        for (i, (name, pts, dashed)) in series.iter().enumerate() {
-                            let color = COLORS[i % COLORS.len()];
-                            let style = ShapeStyle::from(&color).stroke_width(2);
-                            if *dashed {
-                                chart
-                                    .draw_series(DashedLineSeries::new(
-                                        pts.iter().copied(),
-                                        6,
-                                        4,
-                                        style,
-                                    ))?
-                                    .label(name.clone())
-                                    .legend(move |(x, y)| {
-                                        PathElement::new(vec![(x, y), (x + 20, y)], color)
-                                    });
-                            } else {
-                                chart
-                                    .draw_series(LineSeries::new(pts.iter().copied(), style))?
-                                    .label(name.clone())
-                                    .legend(move |(x, y)| {
-                                        PathElement::new(vec![(x, y), (x + 20, y)], color)
-                                    });
-                            }
-                            chart.draw_series(
-                                pts.iter().map(|p| Circle::new(*p, 3, color.filled())),
-                            )?;
+        let (plot, legend) = root.split_horizontally(700);
+        let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
+            macro_rules! body {
+                ($chart:expr) => {{
+                    let mut chart = $chart;
+                    chart
+                        .configure_mesh()
+                        .disable_x_mesh()
+                        .x_labels(xs.len())
+                        .x_label_formatter(&|v| match v {
+                            SegmentValue::CenterOf(i) if *i < xs.len() => format!("{:.0}", xs[*i]),
+                            _ => String::new(),
+                        })
+                        .x_desc("nodes")
+                        .y_desc(y_label)
+                        .draw()?;
+                    for (i, (_, pts, dashed)) in series.iter().enumerate() {
+                        let color = COLORS[(i / 2) % COLORS.len()];
+                        let style = ShapeStyle::from(&color).stroke_width(2);
+                        let line: Vec<_> = pts.iter().map(|p| (slot(p.0), p.1)).collect();
+                        if *dashed {
+                            chart.draw_series(DashedLineSeries::new(
+                                line.iter().cloned(),
+                                6,
+                                4,
+                                style,
+                            ))?;
+                        } else {
+                            chart.draw_series(LineSeries::new(line.iter().cloned(), style))?;
                         }
-                        chart
-                            .configure_series_labels()
-                            .background_style(WHITE.mix(0.8))
-                            .border_style(BLACK)
-                            .draw()?;
-                    }};
-                }
-                let builder = || {
-                    let mut b = ChartBuilder::on(root);
-                    b.caption(title, ("sans-serif", 18))
-                        .margin(12)
-                        .x_label_area_size(36)
-                        .y_label_area_size(64);
-                    b
-                };
-                if log_y {
-                    body!(builder().build_cartesian_2d(
-                        xr.clone().log_scale(),
-                        ((y0 * 0.5).max(1e-9)..y1 * 2.0).log_scale()
-                    )?);
+                        chart.draw_series(
+                            line.iter()
+                                .map(|p| Circle::new(p.clone(), 3, color.filled())),
+                        )?;
+                    }
+                }};
+            }
+            let mut b = ChartBuilder::on(&plot);
+            b.caption(title, ("sans-serif", 18))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(72);
+            let x = (0..xs.len().saturating_sub(1)).into_segmented();
+            if log_y {
+                body!(b.build_cartesian_2d(x, ((y0 * 0.5).max(1e-9)..y1 * 2.0).log_scale())?);
+            } else {
+                body!(b.build_cartesian_2d(x, 0.0..(y1 * 1.1).max(1e-9))?);
+            }
+            for (k, (name, _, dashed)) in series.iter().enumerate() {
+                let color = COLORS[(k / 2) % COLORS.len()];
+                let y = 60 + 22 * k as i32;
+                let style = ShapeStyle::from(&color).stroke_width(2);
+                if *dashed {
+                    legend.draw(&PathElement::new(vec![(8, y), (14, y)], style))?;
+                    legend.draw(&PathElement::new(vec![(18, y), (24, y)], style))?;
                 } else {
-                    body!(builder()
-                        .build_cartesian_2d(xr.clone().log_scale(), 0.0..(y1 * 1.15).max(1e-9))?);
+                    legend.draw(&PathElement::new(vec![(8, y), (24, y)], style))?;
                 }
-                root.present()?;
-                Ok(())
-            };
-        if let Err(e) = draw(&root) {
+                legend.draw(&Text::new(name.clone(), (30, y - 7), ("sans-serif", 13)))?;
+            }
+            root.present()?;
+            Ok(())
+        };
+        if let Err(e) = draw() {
             return format!("<p>{title}: could not draw: {e}</p>");
         }
     }
@@ -125,62 +126,67 @@ fn stacked_bars(
     let top = values
         .iter()
         .map(|v| v.iter().sum::<f64>())
-        .fold(limit.unwrap_or(0.0), f64::max)
-        * 1.15;
+        .fold(limit.unwrap_or(0.0), f64::max);
     {
-        let root = SVGBackend::with_string(&mut svg, (720, 380)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (900, 400)).into_drawing_area();
         let _ = root.fill(&WHITE);
+        // The plot on the left, the legend in its own column on the right.
+        let (plot, legend) = root.split_horizontally(760);
         let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
             let n = labels.len();
-            let mut chart = ChartBuilder::on(&root)
+            let mut chart = ChartBuilder::on(&plot)
                 .caption(title, ("sans-serif", 18))
                 .margin(12)
-                .x_label_area_size(48)
+                .x_label_area_size(40)
                 .y_label_area_size(64)
-                .build_cartesian_2d(0f64..n as f64, 0f64..top.max(1e-9))?;
+                .build_cartesian_2d(
+                    (0..n.saturating_sub(1)).into_segmented(),
+                    0f64..(top * 1.08).max(1e-9),
+                )?;
             chart
                 .configure_mesh()
                 .disable_x_mesh()
                 .x_labels(n.max(1))
-                .x_label_formatter(&|x| {
-                    let i = (*x - 0.5).round() as usize;
-                    if (*x - 0.5 - i as f64).abs() < 0.01 && i < labels.len() {
-                        labels[i].clone()
-                    } else {
-                        String::new()
-                    }
+                .x_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(i) if *i < labels.len() => labels[*i].clone(),
+                    _ => String::new(),
                 })
                 .y_desc(y_label)
                 .draw()?;
-            for (c, cat) in categories.iter().enumerate() {
+            for (c, _) in categories.iter().enumerate() {
                 let color = COLORS[c % COLORS.len()];
-                chart
-                    .draw_series(values.iter().enumerate().map(|(i, v)| {
-                        let base: f64 = v[..c].iter().sum();
-                        Rectangle::new(
-                            [(i as f64 + 0.15, base), (i as f64 + 0.85, base + v[c])],
-                            color.filled(),
-                        )
-                    }))?
-                    .label(*cat)
-                    .legend(move |(x, y)| {
-                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
-                    });
+                chart.draw_series(values.iter().enumerate().map(|(i, v)| {
+                    let base: f64 = v[..c].iter().sum();
+                    let mut r = Rectangle::new(
+                        [
+                            (SegmentValue::Exact(i), base),
+                            (SegmentValue::Exact(i + 1), base + v[c]),
+                        ],
+                        color.filled(),
+                    );
+                    r.set_margin(0, 0, 12, 12);
+                    r
+                }))?;
             }
             if let Some(l) = limit {
-                chart
-                    .draw_series(LineSeries::new(
-                        vec![(0.0, l), (n as f64, l)],
-                        ShapeStyle::from(&BLACK).stroke_width(1),
-                    ))?
-                    .label("capacity")
-                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+                chart.draw_series(std::iter::once(PathElement::new(
+                    vec![(SegmentValue::Exact(0), l), (SegmentValue::Exact(n), l)],
+                    ShapeStyle::from(&BLACK).stroke_width(2),
+                )))?;
             }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()?;
+            let mut entries: Vec<(String, ShapeStyle)> = categories
+                .iter()
+                .enumerate()
+                .map(|(c, cat)| (cat.to_string(), COLORS[c % COLORS.len()].filled()))
+                .collect();
+            if limit.is_some() {
+                entries.push(("capacity".into(), BLACK.filled()));
+            }
+            for (k, (name, style)) in entries.iter().enumerate() {
+                let y = 60 + 22 * k as i32;
+                legend.draw(&Rectangle::new([(8, y - 6), (22, y + 6)], *style))?;
+                legend.draw(&Text::new(name.clone(), (28, y - 7), ("sans-serif", 14)))?;
+            }
             root.present()?;
             Ok(())
         };

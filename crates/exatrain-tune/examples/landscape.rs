@@ -10,8 +10,13 @@ fn main() {
         let m = presets::model(model).unwrap();
         let c = presets::cluster("frontier").unwrap();
         let mut s = SpaceSpec::new(gpus, gbs);
-        if std::env::var("SMALL").is_ok() { s.orders = vec![Default::default()]; s.flash_attention = vec![true]; }
-        if std::env::var("NOV").is_ok() { s.interleave = false; }
+        if std::env::var("SMALL").is_ok() {
+            s.orders = vec![Default::default()];
+            s.flash_attention = vec![true];
+        }
+        if std::env::var("NOV").is_ok() {
+            s.interleave = false;
+        }
         let v: Vec<f64> = space::configs(&m, &s)
             .map(|cfg| {
                 plan(&m, &c, &cfg)
