@@ -1,9 +1,7 @@
 //! Flags shared by the subcommands, named as in Megatron-LM where one exists.
 
 use clap::Args;
-use exatrain_spec::{
-    load, ClusterSpec, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError,
-};
+use exatrain_spec::{load, ClusterSpec, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError};
 
 /// `--model` and `--cluster`.
 #[derive(Args, Clone, Debug)]

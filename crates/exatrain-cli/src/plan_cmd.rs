@@ -31,21 +31,13 @@ pub fn run(a: PlanArgs) -> Result<(), SpecError> {
 }
 
 /// Plan fields plus the inputs that produced them.
-pub fn to_json(
-    model: &ModelSpec,
-    cluster: &ClusterSpec,
-    cfg: &ParallelConfig,
-    p: &Plan,
-) -> serde_json::Value {
+pub fn to_json(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfig, p: &Plan) -> serde_json::Value {
     let mut v = serde_json::to_value(p).expect("plan serializes");
     let o = v.as_object_mut().expect("object");
     o.insert("model".into(), model.name.clone().into());
     o.insert("cluster".into(), cluster.name.clone().into());
     o.insert("gpus".into(), cfg.gpus().into());
-    o.insert(
-        "config".into(),
-        serde_json::to_value(cfg).expect("config serializes"),
-    );
+    o.insert("config".into(), serde_json::to_value(cfg).expect("config serializes"));
     v
 }
 

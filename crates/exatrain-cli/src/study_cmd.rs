@@ -69,29 +69,18 @@ pub fn parse_tokens(s: &str) -> Result<f64, SpecError> {
 
 fn positive_f(v: Option<f64>, flag: &str) -> Result<Option<f64>, SpecError> {
     match v {
-        Some(x) if !(x.is_finite() && x > 0.0) => Err(SpecError::new(format!(
-            "--{flag} {x} must be a positive number"
-        ))),
+        Some(x) if !(x.is_finite() && x > 0.0) => {
+            Err(SpecError::new(format!("--{flag} {x} must be a positive number")))
+        }
         _ => Ok(v),
     }
 }
 
 fn print_study(s: &Study) {
-    println!(
-        "{} ({}, {:.1} TFLOP/s peak)",
-        s.cluster, s.device, s.peak_tflops
-    );
+    println!("{} ({}, {:.1} TFLOP/s peak)", s.cluster, s.device, s.peak_tflops);
     println!(
         "\n{:<10} {:>6} {:>6}  {:<64} {:>11} {:>7} {:>8} {:>9} {:>9}",
-        "model",
-        "nodes",
-        "GPUs",
-        "best layout (strong)",
-        "tokens/s",
-        "MFU",
-        "weakMFU",
-        "weak eff",
-        "strong eff"
+        "model", "nodes", "GPUs", "best layout (strong)", "tokens/s", "MFU", "weakMFU", "weak eff", "strong eff"
     );
     let pct = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{:.1}%", 100.0 * v));
     for m in &s.models {
@@ -163,18 +152,14 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         .split(',')
         .map(|n| match n.trim().parse::<u32>() {
             Ok(v) if v > 0 => Ok(v),
-            _ => Err(SpecError::new(format!(
-                "--nodes {n} is not a positive integer"
-            ))),
+            _ => Err(SpecError::new(format!("--nodes {n} is not a positive integer"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     if a.global_batch == Some(0) {
         return Err(SpecError::new("--global-batch must be a positive integer"));
     }
     if !(a.tokens_per_param.is_finite() && a.tokens_per_param > 0.0) {
-        return Err(SpecError::new(
-            "--tokens-per-param: the token budget must be positive",
-        ));
+        return Err(SpecError::new("--tokens-per-param: the token budget must be positive"));
     }
     let spec = StudySpec {
         nodes,
@@ -192,10 +177,7 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
     let json = serde_json::to_string_pretty(&study).expect("study serializes");
     if let Some(dir) = &a.out {
         write_atomic(&dir.join("study.json"), json.as_bytes())?;
-        write_atomic(
-            &dir.join("report.html"),
-            report::html(&study, &json).as_bytes(),
-        )?;
+        write_atomic(&dir.join("report.html"), report::html(&study, &json).as_bytes())?;
     }
     if a.json {
         println!("{json}");
@@ -278,8 +260,8 @@ pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
             let origin = path.display().to_string();
             let text = std::fs::read_to_string(path)
                 .map_err(|e| SpecError::new(format!("--from {origin}: cannot read: {e}")))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| SpecError::new(format!("--from {origin}: {e}")))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| SpecError::new(format!("--from {origin}: {e}")))?;
             if let Some(best) = v.get("best").and_then(|b| b.as_array()) {
                 let row = best.get(a.pick).ok_or_else(|| {
                     SpecError::new(format!(
@@ -289,37 +271,20 @@ pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
                     ))
                 })?;
                 let name = v.get("model").and_then(|m| m.as_str()).unwrap_or(&a.model);
-                let cl = v
-                    .get("cluster")
-                    .and_then(|m| m.as_str())
-                    .unwrap_or(&a.cluster);
-                (
-                    load::model(name)?,
-                    load::cluster(cl)?,
-                    config_of(row, &origin)?,
-                )
+                let cl = v.get("cluster").and_then(|m| m.as_str()).unwrap_or(&a.cluster);
+                (load::model(name)?, load::cluster(cl)?, config_of(row, &origin)?)
             } else if let Some(models) = v.get("models").and_then(|m| m.as_array()) {
                 let m = models
                     .iter()
                     .find(|m| m["model"] == a.model.as_str())
                     .or(models.first())
-                    .ok_or_else(|| {
-                        SpecError::new(format!("--from {origin}: no models in the study"))
-                    })?;
+                    .ok_or_else(|| SpecError::new(format!("--from {origin}: no models in the study")))?;
                 let rows = m["rows"].as_array().cloned().unwrap_or_default();
                 let row = rows
                     .iter()
                     .find(|r| a.nodes.is_none_or(|n| r["nodes"] == n) && !r["strong"].is_null())
-                    .ok_or_else(|| {
-                        SpecError::new(format!(
-                            "--from {origin}: no layout for --nodes {:?}",
-                            a.nodes
-                        ))
-                    })?;
-                let cl = v
-                    .get("cluster")
-                    .and_then(|c| c.as_str())
-                    .unwrap_or(&a.cluster);
+                    .ok_or_else(|| SpecError::new(format!("--from {origin}: no layout for --nodes {:?}", a.nodes)))?;
+                let cl = v.get("cluster").and_then(|c| c.as_str()).unwrap_or(&a.cluster);
                 let name = m["model"].as_str().unwrap_or(&a.model);
                 (
                     load::model(name)?,
@@ -336,9 +301,8 @@ pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
     let files = export::export(&model, &cluster, &cfg, format)?;
     match &a.out {
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                SpecError::new(format!("--out {}: cannot create: {e}", dir.display()))
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", dir.display())))?;
             for f in &files {
                 write_atomic(&dir.join(&f.name), f.contents.as_bytes())?;
                 println!("wrote {}", dir.join(&f.name).display());

@@ -119,15 +119,8 @@ struct Meta {
     metric_regex: Option<String>,
 }
 
-fn parse_list<T>(
-    s: &str,
-    flag: &str,
-    f: impl Fn(&str) -> Result<T, SpecError>,
-) -> Result<Vec<T>, SpecError> {
-    let v: Vec<T> = s
-        .split(',')
-        .map(|x| f(x.trim()))
-        .collect::<Result<_, _>>()?;
+fn parse_list<T>(s: &str, flag: &str, f: impl Fn(&str) -> Result<T, SpecError>) -> Result<Vec<T>, SpecError> {
+    let v: Vec<T> = s.split(',').map(|x| f(x.trim())).collect::<Result<_, _>>()?;
     if v.is_empty() {
         return Err(SpecError::new(format!("--{flag} needs at least one value")));
     }
@@ -137,9 +130,7 @@ fn parse_list<T>(
 fn positive(x: &str, flag: &str) -> Result<u32, SpecError> {
     match x.parse::<u32>() {
         Ok(v) if v > 0 => Ok(v),
-        _ => Err(SpecError::new(format!(
-            "--{flag} {x} is not a positive integer"
-        ))),
+        _ => Err(SpecError::new(format!("--{flag} {x} is not a positive integer"))),
     }
 }
 
@@ -154,9 +145,7 @@ pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
     };
     let (a, b) = (positive(a, "gpus")?, positive(b, "gpus")?);
     if a > b {
-        return Err(SpecError::new(format!(
-            "--gpus {s}: the range is empty ({a} > {b})"
-        )));
+        return Err(SpecError::new(format!("--gpus {s}: the range is empty ({a} > {b})")));
     }
     let v: Vec<u32> = (a..=b).filter(|g| g % step == 0 || *g == a).collect();
     Ok(v)
@@ -178,7 +167,22 @@ fn row(r: &Ranked, value: Option<f64>) -> serde_json::Value {
 fn print_table(rows: &[(Ranked, Option<f64>)]) {
     println!(
         "{:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  {}",
-        "#", "tp", "pp", "dp", "mbs", "gbs", "zero", "recompute", "sp", "v", "flash", "order", "memory", "step", "tokens/s", "MFU",
+        "#",
+        "tp",
+        "pp",
+        "dp",
+        "mbs",
+        "gbs",
+        "zero",
+        "recompute",
+        "sp",
+        "v",
+        "flash",
+        "order",
+        "memory",
+        "step",
+        "tokens/s",
+        "MFU",
         "compute/tp/pp/dp/bubble/opt %"
     );
     for (i, (r, measured)) in rows.iter().enumerate() {
@@ -198,9 +202,7 @@ fn print_table(rows: &[(Ranked, Option<f64>)]) {
 
 fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     let mut s = SpaceSpec::new(gpus, 1);
-    s.global_batches = parse_list(&a.global_batch, "global-batch", |x| {
-        positive(x, "global-batch")
-    })?;
+    s.global_batches = parse_list(&a.global_batch, "global-batch", |x| positive(x, "global-batch"))?;
     s.max_micro_batch = a.max_micro_batch.max(1);
     s.zero = parse_list(&a.zero, "zero", |x| match x.parse::<u8>() {
         Ok(z) if z <= 3 => Ok(z),
@@ -222,11 +224,9 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
 fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})",
-        )
-        .expect("template")
-        .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})")
+            .expect("template")
+            .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
     pb
@@ -282,21 +282,12 @@ fn resume(a: TuneArgs, dir: PathBuf) -> Result<(), SpecError> {
         meta.budget = b;
     }
     if !a.json {
-        eprintln!(
-            "resuming {}: {} trials already done",
-            dir.display(),
-            history.len()
-        );
+        eprintln!("resuming {}: {} trials already done", dir.display(), history.len());
     }
     black_box_search(&a, &meta, Some(store), history)
 }
 
-fn exhaustive_cmd(
-    a: &TuneArgs,
-    model: &ModelSpec,
-    cluster: &ClusterSpec,
-    gpu_list: &[u32],
-) -> Result<(), SpecError> {
+fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_list: &[u32]) -> Result<(), SpecError> {
     if gpu_list.len() > 1 {
         let s = space_spec(a, gpu_list[0])?;
         let pb = progress_bar(gpu_list.len() as u64, "device counts");
@@ -313,8 +304,7 @@ fn exhaustive_cmd(
             "pareto": front,
         });
         if let Some(dir) = &a.out {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
             exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
         }
         if a.json {
@@ -329,11 +319,28 @@ fn exhaustive_cmd(
             match &p.best {
                 Some(r) => println!(
                     "{:>6} {:>10} {:>8} {:>12.0} {:>5.1}%  tp {} pp {} dp {} mbs {} zero {} {} v {}{}{}",
-                    p.gpus, p.evaluated, p.feasible, r.plan.tokens_per_s, 100.0 * r.plan.mfu, r.cfg.tp, r.cfg.pp, r.cfg.dp,
-                    r.cfg.micro_batch, r.cfg.zero, r.cfg.recompute.as_str(), r.cfg.virtual_stages,
-                    if r.cfg.sequence_parallel { " sp" } else { "" }, if front.contains(&p.gpus) { "  (pareto)" } else { "" }
+                    p.gpus,
+                    p.evaluated,
+                    p.feasible,
+                    r.plan.tokens_per_s,
+                    100.0 * r.plan.mfu,
+                    r.cfg.tp,
+                    r.cfg.pp,
+                    r.cfg.dp,
+                    r.cfg.micro_batch,
+                    r.cfg.zero,
+                    r.cfg.recompute.as_str(),
+                    r.cfg.virtual_stages,
+                    if r.cfg.sequence_parallel { " sp" } else { "" },
+                    if front.contains(&p.gpus) { "  (pareto)" } else { "" }
                 ),
-                None => println!("{:>6} {:>10} {:>8}  {}", p.gpus, p.evaluated, p.feasible, p.why.as_deref().unwrap_or("")),
+                None => println!(
+                    "{:>6} {:>10} {:>8}  {}",
+                    p.gpus,
+                    p.evaluated,
+                    p.feasible,
+                    p.why.as_deref().unwrap_or("")
+                ),
             }
         }
         return Ok(());
@@ -357,8 +364,7 @@ fn exhaustive_cmd(
         "best": r.best.iter().map(|x| row(x, None)).collect::<Vec<_>>(),
     });
     if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
         exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
     }
     if a.json {
@@ -384,12 +390,7 @@ fn exhaustive_cmd(
     Ok(())
 }
 
-fn black_box_search(
-    a: &TuneArgs,
-    meta: &Meta,
-    mut store: Option<Store>,
-    history: Vec<Trial>,
-) -> Result<(), SpecError> {
+fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history: Vec<Trial>) -> Result<(), SpecError> {
     let (model, cluster, s) = (&meta.model, &meta.cluster, &meta.space);
     if let Some(why) = space::why_empty(model, s) {
         return Err(SpecError::new(why));
@@ -401,15 +402,12 @@ fn black_box_search(
         EvaluatorArg::Model => &cost,
         EvaluatorArg::Command => {
             let Some(t) = &meta.eval_cmd else {
-                return Err(SpecError::new(
-                    "--evaluator command needs --eval-cmd 'TEMPLATE'",
-                ));
+                return Err(SpecError::new("--evaluator command needs --eval-cmd 'TEMPLATE'"));
             };
             let metric = match &meta.metric_regex {
-                Some(r) => Metric::Regex(
-                    regex::Regex::new(r)
-                        .map_err(|e| SpecError::new(format!("--metric-regex: {e}")))?,
-                ),
+                Some(r) => {
+                    Metric::Regex(regex::Regex::new(r).map_err(|e| SpecError::new(format!("--metric-regex: {e}")))?)
+                }
                 None => Metric::JsonKey(meta.metric_key.clone()),
             };
             if !(meta.timeout > 0.0 && meta.timeout.is_finite()) {
@@ -418,12 +416,7 @@ fn black_box_search(
                     meta.timeout
                 )));
             }
-            command = CommandEval::new(
-                t,
-                cluster.node.devices,
-                Duration::from_secs_f64(meta.timeout),
-                metric,
-            )?;
+            command = CommandEval::new(t, cluster.node.devices, Duration::from_secs_f64(meta.timeout), metric)?;
             &command
         }
     };
@@ -455,15 +448,9 @@ fn black_box_search(
         .iter()
         .take(a.top.max(1))
         .filter_map(|(t, v)| {
-            plan(model, cluster, &t.config).ok().map(|p| {
-                (
-                    Ranked {
-                        cfg: t.config,
-                        plan: p,
-                    },
-                    Some(*v),
-                )
-            })
+            plan(model, cluster, &t.config)
+                .ok()
+                .map(|p| (Ranked { cfg: t.config, plan: p }, Some(*v)))
         })
         .collect();
     let failed = trials.len() - ok.len();

@@ -80,13 +80,12 @@ pub fn predict(run: &Run) -> Result<f64, SpecError> {
 pub fn predict_case(c: &Case, cluster: &exatrain_spec::ClusterSpec) -> Result<f64, SpecError> {
     let p = plan(&c.model, cluster, &c.cfg)?;
     match c.metric.as_str() {
-        "hfu_tflops" => Ok(flops::megatron_formula(
-            &c.model,
-            c.cfg.global_batch,
-            c.cfg.recompute == Recompute::Full,
-        ) / p.step_time_s
-            / c.cfg.gpus() as f64
-            / 1e12),
+        "hfu_tflops" => Ok(
+            flops::megatron_formula(&c.model, c.cfg.global_batch, c.cfg.recompute == Recompute::Full)
+                / p.step_time_s
+                / c.cfg.gpus() as f64
+                / 1e12,
+        ),
         "mfu" => Ok(p.mfu),
         "tflops" => Ok(p.tflops_per_gpu),
         other => Err(SpecError::new(format!(
@@ -113,12 +112,9 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,
         s => {
-            let per: u32 = s.parse().map_err(|_| {
-                SpecError::new(format!(
-                    "run {}: interleave `{s}` is not a number or '-'",
-                    run.name
-                ))
-            })?;
+            let per: u32 = s
+                .parse()
+                .map_err(|_| SpecError::new(format!("run {}: interleave `{s}` is not a number or '-'", run.name)))?;
             if per == 0 || run.pp == 0 || model.layers % (run.pp * per) != 0 {
                 return Err(SpecError::new(format!(
                     "run {}: interleave {per} layers per virtual stage does not divide {} layers over pp {}",
@@ -268,11 +264,10 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
     }
     let errs: Vec<f64> = rows.iter().map(|r| r.rel_error.abs()).collect();
     let med = median(&errs);
-    let (worst_i, max) =
-        errs.iter().enumerate().fold(
-            (0, 0.0f64),
-            |acc, (i, &e)| if e > acc.1 { (i, e) } else { acc },
-        );
+    let (worst_i, max) = errs
+        .iter()
+        .enumerate()
+        .fold((0, 0.0f64), |acc, (i, &e)| if e > acc.1 { (i, e) } else { acc });
     if a.json {
         let out = serde_json::json!({
             "runs": rows, "median_abs_rel_error": med, "max_abs_rel_error": max,

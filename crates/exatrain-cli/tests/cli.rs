@@ -26,25 +26,11 @@ fn plan_default_is_175b_on_128_frontier_nodes_with_every_field() {
     assert_eq!(v["cluster"], "frontier");
     assert_eq!(v["gpus"], 1024);
     assert!(v["fits"].is_boolean());
-    for k in [
-        "weights",
-        "grads",
-        "optimizer",
-        "activations",
-        "other",
-        "total",
-    ] {
+    for k in ["weights", "grads", "optimizer", "activations", "other", "total"] {
         assert!(v["memory_bytes"][k].as_f64().unwrap() >= 0.0, "{k}");
     }
     let mut sum = 0.0;
-    for k in [
-        "compute",
-        "tp_comm",
-        "pp_comm",
-        "dp_comm",
-        "bubble",
-        "optimizer",
-    ] {
+    for k in ["compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"] {
         sum += v["time_s"][k].as_f64().unwrap();
     }
     let step = v["step_time_s"].as_f64().unwrap();
@@ -79,13 +65,7 @@ fn plan_human_output_has_both_tables() {
     ]);
     let s = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success());
-    for w in [
-        "memory per device",
-        "activations",
-        "step time",
-        "bubble",
-        "MFU",
-    ] {
+    for w in ["memory per device", "activations", "step time", "bubble", "MFU"] {
         assert!(s.contains(w), "missing {w}: {s}");
     }
 }
@@ -147,9 +127,7 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
             "--pp 7 does not divide 48 layers",
         ),
         (
-            &[
-                "plan", "--tp", "4", "--pp", "16", "--dp", "2", "--gpus", "1024",
-            ],
+            &["plan", "--tp", "4", "--pp", "16", "--dp", "2", "--gpus", "1024"],
             "does not equal --gpus 1024",
         ),
         (
@@ -164,18 +142,9 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
             &["plan", "--micro-batch", "0"],
             "--micro-batch must be a positive integer",
         ),
-        (
-            &["plan", "--model", "gpt-9"],
-            "known presets: bench, gpt-175b",
-        ),
-        (
-            &["plan", "--cluster", "summit"],
-            "known presets: dgx-h100, frontier",
-        ),
-        (
-            &["plan", "--recompute", "half"],
-            "allowed: none, selective, full",
-        ),
+        (&["plan", "--model", "gpt-9"], "known presets: bench, gpt-175b"),
+        (&["plan", "--cluster", "summit"], "known presets: dgx-h100, frontier"),
+        (&["plan", "--recompute", "half"], "allowed: none, selective, full"),
         (
             &["plan", "--gpus", "1000"],
             "--gpus 1000 is not divisible by --tp 4 × --pp 16",
@@ -186,11 +155,7 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: got {err}, want {want}");
-        assert_eq!(
-            err.trim().lines().count(),
-            1,
-            "{args:?}: one line, got {err}"
-        );
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line, got {err}");
     }
 }
 

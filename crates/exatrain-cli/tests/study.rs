@@ -19,17 +19,12 @@ fn tmp(name: &str) -> std::path::PathBuf {
 fn default_study_is_the_seed_study_and_writes_a_report() {
     let dir = tmp("seed");
     let out = exatrain(&["study", "--out", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     for w in ["gpt-22b", "gpt-175b", "gpt-1t", "weak eff", "days+fail"] {
         assert!(text.contains(w), "{w}");
     }
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("study.json")).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("study.json")).unwrap()).unwrap();
     assert_eq!(v["nodes"], serde_json::json!([128, 384]));
     assert_eq!(v["models"].as_array().unwrap().len(), 3);
     let page = std::fs::read_to_string(dir.join("report.html")).unwrap();
@@ -52,11 +47,7 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
         "--format",
         "megatron-deepspeed",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s = String::from_utf8(out.stdout).unwrap();
     assert!(
         s.contains(&format!("--tensor-model-parallel-size {}", row["tp"])),
@@ -83,14 +74,8 @@ fn export_from_flags_and_from_a_tune_result() {
         "--global-batch",
         "64",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8(out.stdout)
-        .unwrap()
-        .contains("#SBATCH --nodes=8"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8(out.stdout).unwrap().contains("#SBATCH --nodes=8"));
     let dir = tmp("tune");
     let out = exatrain(&[
         "tune",
@@ -119,11 +104,7 @@ fn export_from_flags_and_from_a_tune_result() {
         "--out",
         files.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let run = std::fs::read_to_string(files.join("run.toml")).unwrap();
     let t: toml::Value = toml::from_str(&run).unwrap();
     for k in ["tp", "pp", "dp", "micro_batch", "global_batch", "zero"] {
@@ -139,15 +120,9 @@ fn export_from_flags_and_from_a_tune_result() {
 #[test]
 fn study_and_export_bad_input() {
     let cases: &[(&[&str], &str)] = &[
-        (
-            &["study", "--tokens", "0"],
-            "the token budget must be positive",
-        ),
+        (&["study", "--tokens", "0"], "the token budget must be positive"),
         (&["study", "--tokens", "lots"], "is not a number"),
-        (
-            &["study", "--nodes", "0"],
-            "--nodes 0 is not a positive integer",
-        ),
+        (&["study", "--nodes", "0"], "--nodes 0 is not a positive integer"),
         (
             &["study", "--out", "/proc/exatrain/report"],
             "--out /proc/exatrain/report: cannot create",
@@ -156,10 +131,7 @@ fn study_and_export_bad_input() {
             &["export", "--format", "torchtitan"],
             "allowed: megatron-lm, megatron-deepspeed, slurm, exatrain",
         ),
-        (
-            &["export", "--zero", "3"],
-            "needs --format megatron-deepspeed",
-        ),
+        (&["export", "--zero", "3"], "needs --format megatron-deepspeed"),
         (&["export", "--from", "/nonexistent.json"], "cannot read"),
     ];
     for (args, want) in cases {

@@ -32,11 +32,7 @@ fn exhaustive_json_lists_the_best_first_with_plan_fields() {
         "3",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["evaluated"].as_u64().unwrap() >= v["feasible"].as_u64().unwrap());
     let best = v["best"].as_array().unwrap();
@@ -57,15 +53,10 @@ fn exhaustive_json_lists_the_best_first_with_plan_fields() {
     ] {
         assert!(best[0].get(k).is_some(), "missing {k}");
     }
-    let t: Vec<f64> = best
-        .iter()
-        .map(|b| b["tokens_per_s"].as_f64().unwrap())
-        .collect();
+    let t: Vec<f64> = best.iter().map(|b| b["tokens_per_s"].as_f64().unwrap()).collect();
     assert!(t[0] >= t[1] && t[1] >= t[2]);
     assert_eq!(
-        best[0]["tp"].as_u64().unwrap()
-            * best[0]["pp"].as_u64().unwrap()
-            * best[0]["dp"].as_u64().unwrap(),
+        best[0]["tp"].as_u64().unwrap() * best[0]["pp"].as_u64().unwrap() * best[0]["dp"].as_u64().unwrap(),
         64
     );
 }
@@ -83,11 +74,7 @@ fn gpu_range_gives_a_pareto_front_and_says_why_a_count_is_empty() {
         "--default-order",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 10);
@@ -122,23 +109,12 @@ fn tune_bad_input_is_a_clear_error() {
             "unknown placeholder {bogus}",
         ),
         (
-            &[
-                "tune",
-                "--strategy",
-                "bayes",
-                "--evaluator",
-                "command",
-                "--gpus",
-                "64",
-            ],
+            &["tune", "--strategy", "bayes", "--evaluator", "command", "--gpus", "64"],
             "needs --eval-cmd",
         ),
         (&["tune", "--zero", "4"], "--zero 4 is not a ZeRO stage"),
         (&["tune", "--gpus", "64..8"], "the range is empty"),
-        (
-            &["tune", "--resume", "/nonexistent/exatrain"],
-            "cannot read",
-        ),
+        (&["tune", "--resume", "/nonexistent/exatrain"], "cannot read"),
     ];
     for (args, want) in cases {
         let out = exatrain(args);
@@ -210,11 +186,7 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
         .args(common(&full))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let reference = lines(&full);
     assert_eq!(reference.len(), 12);
 
@@ -228,10 +200,7 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
         .unwrap();
     let t0 = Instant::now();
     while lines(&cut).len() < 4 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "search made no progress"
-        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "search made no progress");
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap();
@@ -244,16 +213,11 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
     );
 
     let out = exatrain(&["tune", "--resume", cut.to_str().unwrap(), "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let after = lines(&cut);
     assert_eq!(after.len(), 12, "budget reached, nothing repeated");
     assert_eq!(&after[..before.len()], &before[..], "nothing lost");
-    let configs: std::collections::HashSet<String> =
-        after.iter().map(|t| t["config"].to_string()).collect();
+    let configs: std::collections::HashSet<String> = after.iter().map(|t| t["config"].to_string()).collect();
     assert_eq!(configs.len(), 12, "no layout run twice");
     // With one worker, a resumed search proposes exactly what the uninterrupted one did.
     let seq = |v: &[serde_json::Value]| {
@@ -263,9 +227,7 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
     };
     assert_eq!(seq(&after), seq(&reference));
     assert!(
-        after
-            .iter()
-            .any(|t| t["outcome"]["status"] == "out_of_memory"),
+        after.iter().any(|t| t["outcome"]["status"] == "out_of_memory"),
         "micro-batch ≥ 4 trials are OOM"
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

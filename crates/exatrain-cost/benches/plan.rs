@@ -46,12 +46,7 @@ fn main() {
         let t0 = Instant::now();
         let mut acc = 0.0;
         for i in 0..n {
-            let p = plan(
-                black_box(&m),
-                black_box(&c),
-                black_box(&cfgs[i % cfgs.len()]),
-            )
-            .unwrap();
+            let p = plan(black_box(&m), black_box(&c), black_box(&cfgs[i % cfgs.len()])).unwrap();
             acc += p.step_time_s;
         }
         let dt = t0.elapsed().as_secs_f64();

@@ -31,11 +31,7 @@ pub fn group_link(c: &ClusterSpec, size: u32, stride: u32) -> Link {
         };
     }
     // Members per node and the rings that share this node's NICs.
-    let per_node = if stride < gpn {
-        (gpn / stride).clamp(1, size)
-    } else {
-        1
-    };
+    let per_node = if stride < gpn { (gpn / stride).clamp(1, size) } else { 1 };
     let rings = (gpn / per_node).max(1) as f64;
     let nic = c.node_nic_gbps() / rings;
     let bw = if per_node > 1 {

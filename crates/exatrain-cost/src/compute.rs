@@ -90,14 +90,9 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         t_flops.max(d.stream(io))
     } else {
         let scores = b * heads * s * s;
-        let drop = if m.dropout {
-            scores * (2.0 * e + 1.0)
-        } else {
-            0.0
-        };
-        d.gemm(b * heads, s, s, hd, e)
-            + d.gemm(b * heads, s, hd, s, e)
-            + d.stream(scores * 2.0 * e + drop) // fused scale-mask-softmax, then dropout
+        let drop = if m.dropout { scores * (2.0 * e + 1.0) } else { 0.0 };
+        d.gemm(b * heads, s, s, hd, e) + d.gemm(b * heads, s, hd, s, e) + d.stream(scores * 2.0 * e + drop)
+        // fused scale-mask-softmax, then dropout
     };
 
     let region = if p.sequence_parallel {

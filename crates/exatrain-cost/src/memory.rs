@@ -49,11 +49,7 @@ pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
 /// 1F1B: `min(m, p - r)`; interleaved 1F1B with v chunks: `min(m·v, 2(p-r-1) + (v-1)·p + 1)`
 /// (Megatron's warm-up count + 1), each chunk holding `L/(p·v)` blocks.
 pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
-    let (pp, v, m) = (
-        p.pp as u64,
-        p.virtual_stages as u64,
-        p.microbatches() as u64,
-    );
+    let (pp, v, m) = (p.pp as u64, p.virtual_stages as u64, p.microbatches() as u64);
     let r = rank as u64;
     let n = if v == 1 {
         pp - r
@@ -68,8 +64,7 @@ pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
 pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64) {
     let t = p.tp as f64;
     let (bias_sharded, bias_replicated) = m.layer_bias_params();
-    let block = (m.layer_matrix_params() + bias_sharded) as f64 / t
-        + (bias_replicated + 2 * m.norm_params()) as f64;
+    let block = (m.layer_matrix_params() + bias_sharded) as f64 / t + (bias_replicated + 2 * m.norm_params()) as f64;
     let blocks = (m.layers / p.pp) as f64 * block;
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
     let pos = match m.position {
@@ -79,11 +74,7 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64) {
     let norm = m.norm_params() as f64;
     // The output head: its own matrix when untied; when tied and pp > 1 the last stage keeps a
     // copy of the embedding (Megatron), when tied and pp = 1 it is the same tensor.
-    let head = if !m.tied_embeddings || p.pp > 1 {
-        table
-    } else {
-        0.0
-    };
+    let head = if !m.tied_embeddings || p.pp > 1 { table } else { 0.0 };
     if p.pp == 1 {
         let all = blocks + table + pos + head + norm;
         (all, all)

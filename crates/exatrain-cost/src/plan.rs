@@ -103,18 +103,11 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         comm::all_reduce(act_msg, tp, tp_link)
     };
     // forward 2, backward 2, re-forward 2 under full recomputation
-    let collectives = if p.recompute == Recompute::Full {
-        6.0
-    } else {
-        4.0
-    };
+    let collectives = if p.recompute == Recompute::Full { 6.0 } else { 4.0 };
     let tp_block = collectives * per_pair;
     // The vocabulary-parallel embedding reduces its output; the head reduces its input gradient.
     let (first_tp, last_tp) = if pp == 1 {
-        (
-            blocks * tp_block + 2.0 * per_pair,
-            blocks * tp_block + 2.0 * per_pair,
-        )
+        (blocks * tp_block + 2.0 * per_pair, blocks * tp_block + 2.0 * per_pair)
     } else {
         (blocks * tp_block + per_pair, blocks * tp_block + per_pair)
     };
@@ -140,10 +133,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         // Scatter-gather optimisation: each TP rank sends its 1/t slice across stages.
         let msg = act_msg / tp as f64;
         let link = group_link(c, pp, p.stride(Dim::Pp));
-        (
-            2.0 * v * mbf * comm::send_recv(msg, link),
-            2.0 * v * mbf * msg,
-        )
+        (2.0 * v * mbf * comm::send_recv(msg, link), 2.0 * v * mbf * msg)
     } else {
         (0.0, 0.0)
     };
@@ -176,8 +166,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             2.0 * ring_bytes(grad_bytes),
         ),
         1 => (
-            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + comm::all_gather(grad_bytes, dp, dp_link),
+            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb) + comm::all_gather(grad_bytes, dp, dp_link),
             2.0 * ring_bytes(grad_bytes),
         ),
         2 => (
@@ -190,19 +179,14 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             // reduce-scatters its gradients after: 3 collectives per block per microbatch.
             let per_block = grad_bytes / blocks;
             let per_mb = blocks
-                * (2.0 * comm::all_gather(per_block, dp, dp_link)
-                    + comm::reduce_scatter(per_block, dp, dp_link));
+                * (2.0 * comm::all_gather(per_block, dp, dp_link) + comm::reduce_scatter(per_block, dp, dp_link));
             (
                 mbf * hide(per_mb, stage_c + stage_tp),
                 mbf * 3.0 * ring_bytes(grad_bytes),
             )
         }
     };
-    let opt_params = if p.zero >= 1 {
-        params_dev / dpf
-    } else {
-        params_dev
-    };
+    let opt_params = if p.zero >= 1 { params_dev / dpf } else { params_dev };
     let optimizer = d.stream(opt_params * (28.0 + e));
 
     let time_s = Times {
@@ -245,11 +229,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         let weights = shard(params * e, 3);
         let grads = shard(params * e, 2);
         let optimizer = shard(params * p.dtype.optimizer_bytes(), 1);
-        let prefetch = if p.zero >= 3 {
-            2.0 * params / blocks * e
-        } else {
-            0.0
-        };
+        let prefetch = if p.zero >= 3 { 2.0 * params / blocks * e } else { 0.0 };
         let tensors = weights + grads + optimizer + act;
         let other = c.reserved_gib * (1u64 << 30) as f64 + prefetch + c.fragmentation * tensors;
         Memory {

@@ -66,11 +66,7 @@ fn korthikanti_activation_bytes_per_block() {
         };
         let none = memory::block_activations(&m, &base);
         assert!(
-            close(
-                none,
-                sbh * (10.0 + 24.0 / tf + 5.0 * a * s / (h * tf)),
-                1e-12
-            ),
+            close(none, sbh * (10.0 + 24.0 / tf + 5.0 * a * s / (h * tf)), 1e-12),
             "tp {t}"
         );
         if t > 1 {
@@ -79,28 +75,17 @@ fn korthikanti_activation_bytes_per_block() {
                 ..base
             };
             let v = memory::block_activations(&m, &sp);
-            assert!(
-                close(v, sbh / tf * (34.0 + 5.0 * a * s / h), 1e-12),
-                "tp {t} sp"
-            );
+            assert!(close(v, sbh / tf * (34.0 + 5.0 * a * s / h), 1e-12), "tp {t} sp");
             let sel = ParallelConfig {
                 recompute: Recompute::Selective,
                 ..sp
             };
-            assert!(close(
-                memory::block_activations(&m, &sel),
-                sbh * 34.0 / tf,
-                1e-12
-            ));
+            assert!(close(memory::block_activations(&m, &sel), sbh * 34.0 / tf, 1e-12));
             let full = ParallelConfig {
                 recompute: Recompute::Full,
                 ..sp
             };
-            assert!(close(
-                memory::block_activations(&m, &full),
-                2.0 * sbh / tf,
-                1e-12
-            ));
+            assert!(close(memory::block_activations(&m, &full), 2.0 * sbh / tf, 1e-12));
         }
         let sel = ParallelConfig {
             recompute: Recompute::Selective,
@@ -122,10 +107,7 @@ fn pipeline_in_flight_microbatches() {
     assert_eq!(memory::chunks_in_flight(&c, 3), 1.0);
     let few = ParallelConfig::new(1, 4, 1, 1, 2);
     assert_eq!(memory::chunks_in_flight(&few, 0), 2.0);
-    let v = ParallelConfig {
-        virtual_stages: 2,
-        ..c
-    };
+    let v = ParallelConfig { virtual_stages: 2, ..c };
     assert_eq!(memory::chunks_in_flight(&v, 0), 4.0 * 2.0 + 3.0);
     // Korthikanti: interleaving stores L·(1 + (p-1)/(p·v)) blocks on rank 0
     let blocks_per_chunk = 48.0 / (4.0 * 2.0);
@@ -155,9 +137,7 @@ fn model_state_bytes_by_zero_stage() {
             _ => (2.0 * n / 8.0, 2.0 * n / 8.0, 12.0 * n / 8.0),
         };
         assert!(
-            close(mb.weights, w, 1e-12)
-                && close(mb.grads, g, 1e-12)
-                && close(mb.optimizer, o, 1e-12),
+            close(mb.weights, w, 1e-12) && close(mb.grads, g, 1e-12) && close(mb.optimizer, o, 1e-12),
             "zero {zero}"
         );
         assert!(mb.weights + mb.grads + mb.optimizer < prev);
@@ -178,16 +158,8 @@ fn collective_costs_by_hand() {
         inter_node: false,
     };
     // ring all-reduce: 2(n-1)/n · M / B
-    assert!(close(
-        comm::all_reduce(1e9, 8, l),
-        2.0 * 7.0 / 8.0 * 1e9 / 100e9,
-        1e-12
-    ));
-    assert!(close(
-        comm::reduce_scatter(1e9, 8, l),
-        7.0 / 8.0 * 1e9 / 100e9,
-        1e-12
-    ));
+    assert!(close(comm::all_reduce(1e9, 8, l), 2.0 * 7.0 / 8.0 * 1e9 / 100e9, 1e-12));
+    assert!(close(comm::reduce_scatter(1e9, 8, l), 7.0 / 8.0 * 1e9 / 100e9, 1e-12));
     assert_eq!(comm::all_reduce(1e9, 1, l), 0.0);
     // small messages take the tree: latency 2·log2(n)·α beats 2(n-1)·α
     let lat = Link {
@@ -231,10 +203,7 @@ fn step_terms_add_up_and_vanish_without_parallelism() {
     let c = presets::cluster("selene").unwrap();
     let p = plan(&m, &c, &ParallelConfig::new(1, 1, 1, 2, 8)).unwrap();
     let t = p.time_s;
-    assert_eq!(
-        (t.tp_comm, t.pp_comm, t.dp_comm, t.bubble),
-        (0.0, 0.0, 0.0, 0.0)
-    );
+    assert_eq!((t.tp_comm, t.pp_comm, t.dp_comm, t.bubble), (0.0, 0.0, 0.0, 0.0));
     assert!(close(p.step_time_s, t.compute + t.optimizer, 1e-12));
     assert_eq!(p.microbatches, 4);
     assert!(close(p.tokens_per_s, 8.0 * 256.0 / p.step_time_s, 1e-12));

@@ -134,9 +134,7 @@ fn fraction(v: f64, field: &str) -> Result<(), SpecError> {
     if v.is_finite() && v > 0.0 && v <= 1.0 {
         Ok(())
     } else {
-        Err(SpecError::new(format!(
-            "cluster: `{field}` must be in (0, 1], got {v}"
-        )))
+        Err(SpecError::new(format!("cluster: `{field}` must be in (0, 1], got {v}")))
     }
 }
 
@@ -151,26 +149,18 @@ impl ClusterSpec {
         fraction(d.memory_efficiency, "device.memory_efficiency")?;
         fraction(d.gemm.max_efficiency, "device.gemm.max_efficiency")?;
         if !(d.gemm.half_size.is_finite() && d.gemm.half_size >= 0.0) {
-            return Err(SpecError::new(
-                "cluster: `device.gemm.half_size` must be ≥ 0",
-            ));
+            return Err(SpecError::new("cluster: `device.gemm.half_size` must be ≥ 0"));
         }
         let n = &self.node;
         if n.devices == 0 {
-            return Err(SpecError::new(
-                "cluster: `node.devices` must be a positive integer",
-            ));
+            return Err(SpecError::new("cluster: `node.devices` must be a positive integer"));
         }
         if n.nics == 0 {
-            return Err(SpecError::new(
-                "cluster: `node.nics` must be a positive integer",
-            ));
+            return Err(SpecError::new("cluster: `node.nics` must be a positive integer"));
         }
         pos(n.nic_gbps, "node.nic_gbps")?;
         if n.links.is_empty() && n.devices > 1 {
-            return Err(SpecError::new(
-                "cluster: `node.links` needs at least one link class",
-            ));
+            return Err(SpecError::new("cluster: `node.links` needs at least one link class"));
         }
         let mut last = 0;
         for (i, l) in n.links.iter().enumerate() {
@@ -191,9 +181,7 @@ impl ClusterSpec {
         }
         let w = &self.network;
         if !(w.intra_latency_us >= 0.0 && w.inter_latency_us >= 0.0) {
-            return Err(SpecError::new(
-                "cluster: `network.*_latency_us` must be ≥ 0",
-            ));
+            return Err(SpecError::new("cluster: `network.*_latency_us` must be ≥ 0"));
         }
         fraction(w.efficiency, "network.efficiency")?;
         if !(self.reserved_gib >= 0.0) {

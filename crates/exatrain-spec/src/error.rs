@@ -87,30 +87,42 @@ impl fmt::Display for Invalid {
                 f,
                 "--pp {pp} does not divide {layers} layers (stages must be even; allowed: divisors of {layers})"
             ),
-            Invalid::VirtualStages { virtual_stages, layers_per_stage } => write!(
+            Invalid::VirtualStages {
+                virtual_stages,
+                layers_per_stage,
+            } => write!(
                 f,
                 "--virtual-stages {virtual_stages} does not divide the {layers_per_stage} layers of each pipeline stage"
             ),
             Invalid::VirtualNeedsPp => {
-                write!(f, "--virtual-stages > 1 needs --pp > 1 (interleaving splits pipeline stages)")
+                write!(
+                    f,
+                    "--virtual-stages > 1 needs --pp > 1 (interleaving splits pipeline stages)"
+                )
             }
             Invalid::InterleaveMicrobatches { microbatches, pp } => write!(
                 f,
                 "interleaved 1F1B needs the {microbatches} microbatches per step to be a multiple of --pp {pp}"
             ),
-            Invalid::Batch { global_batch, micro_batch, dp } => write!(
+            Invalid::Batch {
+                global_batch,
+                micro_batch,
+                dp,
+            } => write!(
                 f,
                 "--global-batch {global_batch} is not divisible by --micro-batch {micro_batch} × --dp {dp} = {}",
                 micro_batch as u64 * dp as u64
             ),
             Invalid::Zero { zero } => write!(f, "--zero {zero} is not a ZeRO stage (allowed: 0, 1, 2, 3)"),
             Invalid::SequenceParallelTp1 => {
-                write!(f, "--sequence-parallel needs --tp > 1 (it shards activations over the TP group)")
+                write!(
+                    f,
+                    "--sequence-parallel needs --tp > 1 (it shards activations over the TP group)"
+                )
             }
-            Invalid::SeqTp { seq_len, tp } => write!(
-                f,
-                "--sequence-parallel: --tp {tp} does not divide seq_len {seq_len}"
-            ),
+            Invalid::SeqTp { seq_len, tp } => {
+                write!(f, "--sequence-parallel: --tp {tp} does not divide seq_len {seq_len}")
+            }
         }
     }
 }

@@ -15,9 +15,7 @@ mod model;
 mod parallel;
 pub mod presets;
 
-pub use cluster::{
-    ClusterSpec, DeviceSpec, GemmEfficiency, LinkClass, NetworkSpec, NodeSpec, SystemSpec,
-};
+pub use cluster::{ClusterSpec, DeviceSpec, GemmEfficiency, LinkClass, NetworkSpec, NodeSpec, SystemSpec};
 pub use error::{Invalid, SpecError};
 pub use model::{Mlp, ModelFile, ModelSpec, Norm, Position};
 pub use parallel::{Dim, Dtype, ParallelConfig, RankOrder, Recompute};

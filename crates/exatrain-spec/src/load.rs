@@ -5,13 +5,11 @@ use std::path::Path;
 use crate::{presets, ClusterSpec, ModelFile, ModelSpec, SpecError};
 
 fn read(path: &Path, what: &str) -> Result<String, SpecError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| SpecError::new(format!("--{what} {}: cannot read: {e}", path.display())))
+    std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--{what} {}: cannot read: {e}", path.display())))
 }
 
 fn is_json(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
 /// Parse a model from TOML or JSON text (Calculon's model JSON included). `origin` names the
@@ -22,12 +20,8 @@ pub fn model_from_str(text: &str, json: bool, origin: &str) -> Result<ModelSpec,
     } else {
         toml::from_str(text).map_err(|e| SpecError::new(format!("{origin}: {e}")))?
     };
-    let stem = Path::new(origin)
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or(origin);
-    file.resolve(stem)
-        .map_err(|e| SpecError::new(format!("{origin}: {e}")))
+    let stem = Path::new(origin).file_stem().and_then(|s| s.to_str()).unwrap_or(origin);
+    file.resolve(stem).map_err(|e| SpecError::new(format!("{origin}: {e}")))
 }
 
 /// Parse a cluster from TOML or JSON text and validate it.
@@ -37,8 +31,7 @@ pub fn cluster_from_str(text: &str, json: bool, origin: &str) -> Result<ClusterS
     } else {
         toml::from_str(text).map_err(|e| SpecError::new(format!("{origin}: {e}")))?
     };
-    c.validate()
-        .map_err(|e| SpecError::new(format!("{origin}: {e}")))?;
+    c.validate().map_err(|e| SpecError::new(format!("{origin}: {e}")))?;
     Ok(c)
 }
 

@@ -254,17 +254,13 @@ impl ModelSpec {
 
     /// Total parameters N, counted once (a tied head is not counted twice).
     pub fn params(&self) -> u64 {
-        self.layers as u64 * self.layer_params()
-            + self.embedding_params()
-            + self.head_params()
-            + self.norm_params()
+        self.layers as u64 * self.layer_params() + self.embedding_params() + self.head_params() + self.norm_params()
     }
 
     /// Parameters that multiply a token in a GEMM in the forward pass: every block matrix plus the
     /// output head (used whether or not it is tied). This is the N of the `6·N` per token rule,
     /// before attention's sequence term.
     pub fn matmul_params(&self) -> u64 {
-        self.layers as u64 * self.layer_matrix_params()
-            + self.padded_vocab as u64 * self.hidden as u64
+        self.layers as u64 * self.layer_matrix_params() + self.padded_vocab as u64 * self.hidden as u64
     }
 }

@@ -6,9 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Invalid, ModelSpec, SpecError};
 
 /// Activation recomputation (Korthikanti et al. 2022).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// Keep every activation.

@@ -25,9 +25,7 @@ fn models() -> &'static BTreeMap<String, ModelSpec> {
 
 fn clusters() -> &'static BTreeMap<String, ClusterSpec> {
     static C: OnceLock<BTreeMap<String, ClusterSpec>> = OnceLock::new();
-    C.get_or_init(|| {
-        toml::from_str(CLUSTERS_TOML).expect("presets/clusters.toml is valid (tested)")
-    })
+    C.get_or_init(|| toml::from_str(CLUSTERS_TOML).expect("presets/clusters.toml is valid (tested)"))
 }
 
 /// Names of the model presets, sorted.

@@ -43,10 +43,7 @@ fn one_trillion_model_by_hand() {
     // per layer: 12h² + 13h; h = 25600
     let h: u64 = 25600;
     assert_eq!(m.layer_params(), 12 * h * h + 13 * h);
-    assert_eq!(
-        m.params(),
-        128 * (12 * h * h + 13 * h) + (51200 + 2048) * h + 2 * h
-    );
+    assert_eq!(m.params(), 128 * (12 * h * h + 13 * h) + (51200 + 2048) * h + 2 * h);
     assert_eq!(m.params(), 1_008_038_758_400);
 }
 
@@ -62,10 +59,7 @@ fn llama_counts_match_released_models() {
         ("llama3-405b", 405.85),
     ] {
         let p = presets::model(name).unwrap().params() as f64 / 1e9;
-        assert!(
-            (p - billions).abs() / billions < 0.002,
-            "{name}: {p} B vs {billions} B"
-        );
+        assert!((p - billions).abs() / billions < 0.002, "{name}: {p} B vs {billions} B");
     }
 }
 
@@ -122,25 +116,16 @@ fn malformed_files_name_line_and_field() {
         .unwrap_err()
         .0;
     assert!(e.contains("hiden") && e.contains("hidden"), "{e}");
-    let e = load::model_from_str(
-        "layers = 4\nhidden = 8\nheads = 3\nseq_len = 8\n",
-        false,
-        "m.toml",
-    )
-    .unwrap_err()
-    .0;
-    assert!(e.contains("heads") && e.contains("head_dim"), "{e}");
-    let e = load::model_from_str("layers = 0\n", false, "m.toml")
+    let e = load::model_from_str("layers = 4\nhidden = 8\nheads = 3\nseq_len = 8\n", false, "m.toml")
         .unwrap_err()
         .0;
+    assert!(e.contains("heads") && e.contains("head_dim"), "{e}");
+    let e = load::model_from_str("layers = 0\n", false, "m.toml").unwrap_err().0;
     assert!(e.contains("`layers` must be a positive integer"), "{e}");
-    let bad_cluster =
-        include_str!("../presets/clusters.toml").replace("hbm_gib = 80.0", "hbm_gib = -1.0");
+    let bad_cluster = include_str!("../presets/clusters.toml").replace("hbm_gib = 80.0", "hbm_gib = -1.0");
     let table: toml::Table = toml::from_str(&bad_cluster).unwrap();
     let selene = toml::to_string(&table["selene"]).unwrap();
-    let e = load::cluster_from_str(&selene, false, "c.toml")
-        .unwrap_err()
-        .0;
+    let e = load::cluster_from_str(&selene, false, "c.toml").unwrap_err().0;
     assert!(e.contains("device.hbm_gib"), "{e}");
 }
 
@@ -151,11 +136,7 @@ fn invalid_layouts_are_values_with_clear_messages() {
     let base = ParallelConfig::new(2, 2, 2, 1, 8);
     let cases: Vec<(ParallelConfig, u32, &str)> = vec![
         (
-            ParallelConfig {
-                tp: 5,
-                dp: 1,
-                ..base
-            },
+            ParallelConfig { tp: 5, dp: 1, ..base },
             10,
             "--tp 5 does not divide 48 heads",
         ),
@@ -184,10 +165,7 @@ fn invalid_layouts_are_values_with_clear_messages() {
             "--zero 5 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
         ),
         (
-            ParallelConfig {
-                micro_batch: 0,
-                ..base
-            },
+            ParallelConfig { micro_batch: 0, ..base },
             8,
             "--micro-batch must be a positive",
         ),
@@ -221,19 +199,11 @@ fn invalid_layouts_are_values_with_clear_messages() {
     ];
     for (cfg, gpus, want) in cases {
         let e = cfg.check(&m, gpus).expect_err(want);
-        assert!(
-            e.to_string().contains(want),
-            "{cfg:?}: got {e}, want {want}"
-        );
+        assert!(e.to_string().contains(want), "{cfg:?}: got {e}, want {want}");
     }
     assert!(base.check(&m, 8).is_ok());
     assert_eq!(
-        ParallelConfig {
-            tp: 5,
-            dp: 1,
-            ..base
-        }
-        .check(&m, 10),
+        ParallelConfig { tp: 5, dp: 1, ..base }.check(&m, 10),
         Err(Invalid::TpHeads { tp: 5, heads: 48 })
     );
 }
@@ -268,10 +238,7 @@ fn rank_grid_round_trips_in_every_order() {
     // default order: rank = tp + tp_size·(dp + dp_size·pp)
     let c = ParallelConfig::new(2, 3, 4, 1, 12);
     assert_eq!(c.rank(1, 2, 1), 1 + 2 * (2 + 4 * 1));
-    assert_eq!(
-        "pp-dp-tp".parse::<RankOrder>().unwrap().to_string(),
-        "pp-dp-tp"
-    );
+    assert_eq!("pp-dp-tp".parse::<RankOrder>().unwrap().to_string(), "pp-dp-tp");
     assert!("tp-tp-dp".parse::<RankOrder>().is_err());
     assert!("full".parse::<Recompute>().is_ok() && "some".parse::<Recompute>().is_err());
 }

@@ -2,8 +2,7 @@
 //! DeepSpeed config, a Slurm batch script, or a TOML run file for exatrain's own trainer.
 
 use exatrain_spec::{
-    ClusterSpec, Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, Recompute,
-    SpecError,
+    ClusterSpec, Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, Recompute, SpecError,
 };
 
 /// Output formats.
@@ -50,10 +49,7 @@ fn model_flags(m: &ModelSpec) -> Vec<String> {
         f.push(format!("--kv-channels {}", m.head_dim));
     }
     if m.kv_heads != m.heads {
-        f.push(format!(
-            "--group-query-attention --num-query-groups {}",
-            m.kv_heads
-        ));
+        f.push(format!("--group-query-attention --num-query-groups {}", m.kv_heads));
     }
     if m.mlp == Mlp::Swiglu {
         f.push("--swiglu".into());
@@ -95,10 +91,9 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     match c.recompute {
         Recompute::None => {}
         Recompute::Selective => f.push("--recompute-granularity selective".into()),
-        Recompute::Full => f.push(
-            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
-                .into(),
-        ),
+        Recompute::Full => {
+            f.push("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1".into())
+        }
     }
     if c.flash_attention {
         f.push("--use-flash-attn".into());
@@ -145,12 +140,7 @@ fn megatron_lm(m: &ModelSpec, c: &ParallelConfig) -> Result<Vec<String>, SpecErr
 }
 
 /// Export a layout.
-pub fn export(
-    m: &ModelSpec,
-    cl: &ClusterSpec,
-    c: &ParallelConfig,
-    format: Format,
-) -> Result<Vec<File>, SpecError> {
+pub fn export(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, format: Format) -> Result<Vec<File>, SpecError> {
     c.check(m, c.gpus())?;
     let nodes = c.gpus().div_ceil(cl.node.devices);
     let per_node = c.gpus().min(cl.node.devices);
@@ -223,7 +213,13 @@ pub fn export(
                 "#!/bin/bash\n# {} on {} × {} ({} nodes): exported by exatrain\n#SBATCH --job-name=exatrain-{}\n#SBATCH --nodes={nodes}\n#SBATCH --ntasks-per-node={per_node}\n#SBATCH --gpus-per-node={per_node}\n#SBATCH --time=02:00:00\n\nexport MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\nexport MASTER_PORT=29500\n",
                 m.name, c.gpus(), cl.device.name, nodes, m.name
             );
-            s.push_str(&command(&format!("srun --ntasks={} --ntasks-per-node={per_node} {bind} --cpu-bind=closest python pretrain_gpt.py", c.gpus()), &flags));
+            s.push_str(&command(
+                &format!(
+                    "srun --ntasks={} --ntasks-per-node={per_node} {bind} --cpu-bind=closest python pretrain_gpt.py",
+                    c.gpus()
+                ),
+                &flags,
+            ));
             Ok(vec![File {
                 name: "job.sbatch".into(),
                 contents: s,
@@ -244,11 +240,7 @@ pub fn export(
             .map_err(|e| SpecError::new(format!("--format exatrain: {e}")))?;
             Ok(vec![File {
                 name: "run.toml".into(),
-                contents: format!(
-                    "# {} on {} GPUs: exported by exatrain\n{text}",
-                    m.name,
-                    c.gpus()
-                ),
+                contents: format!("# {} on {} GPUs: exported by exatrain\n{text}", m.name, c.gpus()),
             }])
         }
     }

@@ -33,9 +33,9 @@ pub struct Row {
     pub weak: Option<Point>,
     /// Strong scaling: the global batch of the smallest count.
     pub strong: Option<Point>,
-    /// Per-device throughput relative to the smallest count, weak scaling.
+    /// Per-device throughput relative to the smallest count that has a layout, weak scaling.
     pub weak_efficiency: Option<f64>,
-    /// Per-device throughput relative to the smallest count, strong scaling.
+    /// Per-device throughput relative to the smallest count that has a layout, strong scaling.
     pub strong_efficiency: Option<f64>,
     /// Time to train on the strong-scaling layout (the fixed, chosen global batch).
     pub time_to_train: Option<TimeToTrain>,
@@ -107,9 +107,7 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
     nodes.dedup();
     let per_node = c.node.devices;
     let n0 = nodes[0];
-    let gb0 = s
-        .global_batch
-        .unwrap_or(2 * nodes[nodes.len() - 1] * per_node);
+    let gb0 = s.global_batch.unwrap_or(2 * nodes[nodes.len() - 1] * per_node);
     let tokens = s.tokens.unwrap_or(s.tokens_per_param * m.params() as f64);
     let mut rows: Vec<Row> = nodes
         .iter()
@@ -126,9 +124,10 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
                 (Ok(_), Err(b)) => Some(format!("strong: {b}")),
                 _ => None,
             };
-            let time_to_train = strong.as_ref().ok().map(|p| {
-                ttt::time_to_train(m, c, p.config.dtype, gpus, p.plan.tokens_per_s, tokens, s)
-            });
+            let time_to_train = strong
+                .as_ref()
+                .ok()
+                .map(|p| ttt::time_to_train(m, c, p.config.dtype, gpus, p.plan.tokens_per_s, tokens, s));
             Row {
                 nodes: n,
                 gpus,
@@ -141,25 +140,16 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
             }
         })
         .collect();
-    let base_weak = rows[0]
-        .weak
-        .as_ref()
-        .map(|p| p.plan.tokens_per_s / rows[0].gpus as f64);
-    let base_strong = rows[0]
-        .strong
-        .as_ref()
-        .map(|p| p.plan.tokens_per_s / rows[0].gpus as f64);
+    // The baseline is the smallest count that has a layout.
+    let base = |pick: fn(&Row) -> Option<&Point>| {
+        rows.iter()
+            .find_map(|r| pick(r).map(|p| p.plan.tokens_per_s / r.gpus as f64))
+    };
+    let base_weak = base(|r| r.weak.as_ref());
+    let base_strong = base(|r| r.strong.as_ref());
     for r in &mut rows {
-        r.weak_efficiency = scaling_efficiency(
-            base_weak,
-            r.weak.as_ref().map(|p| p.plan.tokens_per_s),
-            r.gpus,
-        );
-        r.strong_efficiency = scaling_efficiency(
-            base_strong,
-            r.strong.as_ref().map(|p| p.plan.tokens_per_s),
-            r.gpus,
-        );
+        r.weak_efficiency = scaling_efficiency(base_weak, r.weak.as_ref().map(|p| p.plan.tokens_per_s), r.gpus);
+        r.strong_efficiency = scaling_efficiency(base_strong, r.strong.as_ref().map(|p| p.plan.tokens_per_s), r.gpus);
     }
     let total_flops = exatrain_cost::flops::model_step(m, 1) / m.seq_len as f64 * tokens;
     ModelStudy {
@@ -173,11 +163,7 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
 }
 
 /// Throughput per device relative to the baseline's per-device throughput.
-pub fn scaling_efficiency(
-    base_per_device: Option<f64>,
-    throughput: Option<f64>,
-    devices: u32,
-) -> Option<f64> {
+pub fn scaling_efficiency(base_per_device: Option<f64>, throughput: Option<f64>, devices: u32) -> Option<f64> {
     match (base_per_device, throughput) {
         (Some(b), Some(t)) if b > 0.0 => Some(t / devices as f64 / b),
         _ => None,

@@ -23,16 +23,10 @@ type Series = (String, Vec<(f64, f64)>, bool);
 /// 16, 32, 128, 384 spread evenly and each gets its label.
 fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> String {
     let mut svg = String::new();
-    let mut xs: Vec<f64> = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.0))
-        .collect();
+    let mut xs: Vec<f64> = series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).collect();
     xs.sort_by(|a, b| a.total_cmp(b));
     xs.dedup();
-    let ys: Vec<f64> = series
-        .iter()
-        .flat_map(|s| s.1.iter().map(|p| p.1))
-        .collect();
+    let ys: Vec<f64> = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).collect();
     if xs.is_empty() {
         return format!("<p>{title}: no data</p>");
     }
@@ -65,19 +59,11 @@ fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> Str
                         let style = ShapeStyle::from(&color).stroke_width(2);
                         let line: Vec<_> = pts.iter().map(|p| (slot(p.0), p.1)).collect();
                         if *dashed {
-                            chart.draw_series(DashedLineSeries::new(
-                                line.iter().cloned(),
-                                6,
-                                4,
-                                style,
-                            ))?;
+                            chart.draw_series(DashedLineSeries::new(line.iter().cloned(), 6, 4, style))?;
                         } else {
                             chart.draw_series(LineSeries::new(line.iter().cloned(), style))?;
                         }
-                        chart.draw_series(
-                            line.iter()
-                                .map(|p| Circle::new(p.clone(), 3, color.filled())),
-                        )?;
+                        chart.draw_series(line.iter().map(|p| Circle::new(p.clone(), 3, color.filled())))?;
                     }
                 }};
             }
@@ -139,10 +125,7 @@ fn stacked_bars(
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(64)
-                .build_cartesian_2d(
-                    (0..n.saturating_sub(1)).into_segmented(),
-                    0f64..(top * 1.08).max(1e-9),
-                )?;
+                .build_cartesian_2d((0..n.saturating_sub(1)).into_segmented(), 0f64..(top * 1.08).max(1e-9))?;
             chart
                 .configure_mesh()
                 .disable_x_mesh()
@@ -198,9 +181,7 @@ fn stacked_bars(
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// A compact description of a layout.
@@ -280,17 +261,10 @@ pub fn html(study: &Study, json: &str) -> String {
                 let t = &p.plan.time_s;
                 let s = p.plan.step_time_s;
                 time_bars.push(
-                    [
-                        t.compute,
-                        t.tp_comm,
-                        t.pp_comm,
-                        t.dp_comm,
-                        t.bubble,
-                        t.optimizer,
-                    ]
-                    .iter()
-                    .map(|x| 100.0 * x / s)
-                    .collect(),
+                    [t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer]
+                        .iter()
+                        .map(|x| 100.0 * x / s)
+                        .collect(),
                 );
                 let mb = &p.plan.memory_bytes;
                 let g = (1u64 << 30) as f64;
@@ -307,11 +281,7 @@ pub fn html(study: &Study, json: &str) -> String {
         .models
         .iter()
         .flat_map(|m| m.rows.iter())
-        .find_map(|r| {
-            r.strong
-                .as_ref()
-                .map(|p| p.plan.capacity_bytes / (1u64 << 30) as f64)
-        });
+        .find_map(|r| r.strong.as_ref().map(|p| p.plan.capacity_bytes / (1u64 << 30) as f64));
 
     let mut h = String::new();
     h.push_str("<!doctype html><html><head><meta charset=\"utf-8\"><title>exatrain study</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}svg{display:block;margin:1em 0}</style></head><body>");
@@ -366,24 +336,12 @@ pub fn html(study: &Study, json: &str) -> String {
     h.push_str("</table><h2>Plots</h2>");
     h.push_str(&line_chart("Throughput", "tokens/s", &tput, true));
     h.push_str(&line_chart("Model FLOPs utilization", "MFU %", &mfu, false));
-    h.push_str(&line_chart(
-        "Scaling efficiency",
-        "efficiency %",
-        &eff,
-        false,
-    ));
+    h.push_str(&line_chart("Scaling efficiency", "efficiency %", &eff, false));
     h.push_str(&stacked_bars(
         "Step time breakdown (strong-scaling layouts)",
         "% of step",
         &bar_labels,
-        &[
-            "compute",
-            "tp_comm",
-            "pp_comm",
-            "dp_comm",
-            "bubble",
-            "optimizer",
-        ],
+        &["compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"],
         &time_bars,
         None,
     ));

@@ -17,10 +17,7 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
 #[test]
 fn scaling_efficiency_by_hand() {
     // 8 devices at 100 tokens/s each; 32 devices giving 2800 tokens/s → 87.5 %
-    assert_eq!(
-        scaling_efficiency(Some(100.0), Some(2800.0), 32),
-        Some(0.875)
-    );
+    assert_eq!(scaling_efficiency(Some(100.0), Some(2800.0), 32), Some(0.875));
     assert_eq!(scaling_efficiency(Some(100.0), None, 32), None);
 }
 
@@ -34,11 +31,7 @@ fn young_and_daly_intervals_by_hand() {
     let want = (2.0 * d * m).sqrt() * (1.0 + r.sqrt() / 3.0 + r / 9.0) - d;
     assert!((daly_interval(d, m) - want).abs() < 1e-9);
     assert!((daly_interval(d, m) - 3180.06).abs() < 0.05);
-    assert_eq!(
-        daly_interval(3.0 * m, m),
-        m,
-        "δ ≥ 2M: checkpoint every MTBF"
-    );
+    assert_eq!(daly_interval(3.0 * m, m), m, "δ ≥ 2M: checkpoint every MTBF");
     // no failures: only the checkpoint writes cost, (τ + δ)/τ
     let w = expected_wall_time(1e6, 3600.0, 60.0, 0.0, 1e15);
     assert!((w / 1e6 - 3660.0 / 3600.0).abs() < 1e-6);
@@ -50,15 +43,7 @@ fn young_and_daly_intervals_by_hand() {
 fn time_to_train_arithmetic() {
     let m = presets::model("gpt-22b").unwrap();
     let c = presets::cluster("frontier").unwrap();
-    let t = time_to_train(
-        &m,
-        &c,
-        exatrain_spec::Dtype::Bf16,
-        16,
-        1e5,
-        1e9,
-        &spec(vec![2]),
-    );
+    let t = time_to_train(&m, &c, exatrain_spec::Dtype::Bf16, 16, 1e5, 1e9, &spec(vec![2]));
     assert_eq!(t.seconds, 1e4);
     assert!((t.gpu_hours - 1e4 / 3600.0 * 16.0).abs() < 1e-9);
     assert!((t.node_hours - 1e4 / 3600.0 * 2.0).abs() < 1e-9);
@@ -89,11 +74,7 @@ fn study_rows_report_and_json_agree() {
         rows[1].strong_efficiency.is_none(),
         "no baseline when the smallest count has no layout"
     );
-    let s = study(
-        &[presets::model("gpt-22b").unwrap()],
-        &c,
-        &spec(vec![4, 8, 16]),
-    );
+    let s = study(&[presets::model("gpt-22b").unwrap()], &c, &spec(vec![4, 8, 16]));
     let r = &s.models[0].rows;
     assert_eq!(r[0].weak_efficiency, Some(1.0));
     let base = r[0].strong.as_ref().unwrap().plan.tokens_per_s / 32.0;
@@ -111,12 +92,8 @@ fn study_rows_report_and_json_agree() {
     );
     let start = page.find("id=\"study\">").unwrap() + "id=\"study\">".len();
     let end = page[start..].find("</script>").unwrap() + start;
-    let embedded: serde_json::Value =
-        serde_json::from_str(&page[start..end].replace("<\\/", "</")).unwrap();
-    assert_eq!(
-        embedded,
-        serde_json::from_str::<serde_json::Value>(&json).unwrap()
-    );
+    let embedded: serde_json::Value = serde_json::from_str(&page[start..end].replace("<\\/", "</")).unwrap();
+    assert_eq!(embedded, serde_json::from_str::<serde_json::Value>(&json).unwrap());
     let t = r[1].time_to_train.as_ref().unwrap();
     assert!(
         page.contains(&format!("{:.1}", t.days)),
@@ -126,9 +103,7 @@ fn study_rows_report_and_json_agree() {
 
 fn flag(cmd: &str, name: &str) -> Option<String> {
     let toks: Vec<&str> = cmd.split_whitespace().collect();
-    toks.iter()
-        .position(|t| *t == name)
-        .map(|i| toks[i + 1].to_string())
+    toks.iter().position(|t| *t == name).map(|i| toks[i + 1].to_string())
 }
 
 #[test]
@@ -160,13 +135,7 @@ fn megatron_exports_carry_exactly_the_layout() {
         assert_eq!(flag(cmd, k).as_deref(), Some(v), "{k} in {cmd}");
     }
     assert!(cmd.contains("--sequence-parallel") && cmd.contains("--use-distributed-optimizer"));
-    let ds = export(
-        &m,
-        &c,
-        &ParallelConfig { zero: 1, ..cfg },
-        Format::MegatronDeepspeed,
-    )
-    .unwrap();
+    let ds = export(&m, &c, &ParallelConfig { zero: 1, ..cfg }, Format::MegatronDeepspeed).unwrap();
     let conf: serde_json::Value = serde_json::from_str(&ds[1].contents).unwrap();
     assert_eq!(conf["train_batch_size"], 2048);
     assert_eq!(conf["train_micro_batch_size_per_gpu"], 2);
@@ -174,21 +143,13 @@ fn megatron_exports_carry_exactly_the_layout() {
     assert_eq!(conf["zero_optimization"]["stage"], 1);
     let sb = &export(&m, &c, &cfg, Format::Slurm).unwrap()[0].contents;
     assert!(
-        sb.contains("#SBATCH --nodes=128")
-            && sb.contains("--ntasks-per-node=8")
-            && sb.contains("--gpu-bind=closest")
+        sb.contains("#SBATCH --nodes=128") && sb.contains("--ntasks-per-node=8") && sb.contains("--gpu-bind=closest")
     );
     let toml_text = &export(&m, &c, &cfg, Format::Exatrain).unwrap()[0].contents;
     let back: toml::Value = toml::from_str(toml_text).unwrap();
     let p: ParallelConfig = back["parallel"].clone().try_into().unwrap();
     assert_eq!(p, cfg, "the exatrain run file round-trips the layout");
-    let e = export(
-        &m,
-        &c,
-        &ParallelConfig { zero: 2, ..cfg },
-        Format::MegatronLm,
-    )
-    .unwrap_err();
+    let e = export(&m, &c, &ParallelConfig { zero: 2, ..cfg }, Format::MegatronLm).unwrap_err();
     assert!(e.0.contains("megatron-deepspeed"), "{e}");
     assert!("torchtitan"
         .parse::<Format>()

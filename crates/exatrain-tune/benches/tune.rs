@@ -62,16 +62,7 @@ fn main() {
     println!("\n## black-box search with the cost model as the objective ({seeds} seeds, budget {budget})");
     println!(
         "{:<10} {:>6} {:>8} {:>5} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "model",
-        "gpus",
-        "space",
-        "<2%",
-        "strategy",
-        "trials→2%",
-        "trials→5%",
-        "trials→10%",
-        "best@30",
-        "best@100"
+        "model", "gpus", "space", "<2%", "strategy", "trials→2%", "trials→5%", "trials→10%", "best@30", "best@100"
     );
     for (model, gpus, gbs) in [
         ("gpt-22b", 128u32, 1024u32),
@@ -89,13 +80,9 @@ fn main() {
             .iter()
             .filter(|r| r.plan.tokens_per_s >= 0.98 * optimum)
             .count();
-        let eval = CostModel {
-            model: &m,
-            cluster: &c,
-        };
+        let eval = CostModel { model: &m, cluster: &c };
         for (name, strategy) in [("bayes", Strategy::Bayes), ("random", Strategy::Random)] {
-            let (mut to2, mut to5, mut to10, mut at30, mut at100) =
-                (vec![], vec![], vec![], vec![], vec![]);
+            let (mut to2, mut to5, mut to10, mut at30, mut at100) = (vec![], vec![], vec![], vec![], vec![]);
             for seed in 0..seeds {
                 let t = bayes::run(
                     &space,
@@ -105,19 +92,12 @@ fn main() {
                     &mut |_| Ok(()),
                 )
                 .unwrap();
-                let reach = |tol| {
-                    bayes::trials_to_reach(&t, optimum, tol).map_or(f64::INFINITY, |n| n as f64)
-                };
+                let reach = |tol| bayes::trials_to_reach(&t, optimum, tol).map_or(f64::INFINITY, |n| n as f64);
                 to2.push(reach(0.02));
                 to5.push(reach(0.05));
                 to10.push(reach(0.10));
-                let best_at = |k: usize| {
-                    t.iter()
-                        .take(k)
-                        .filter_map(|x| x.outcome.value())
-                        .fold(0.0, f64::max)
-                        / optimum
-                };
+                let best_at =
+                    |k: usize| t.iter().take(k).filter_map(|x| x.outcome.value()).fold(0.0, f64::max) / optimum;
                 at30.push(best_at(30));
                 at100.push(best_at(100));
             }

@@ -49,9 +49,7 @@ impl Model {
 
 /// GP length scales per feature of [`features`]: one doubling of a size, one ZeRO stage, one
 /// recompute level, a switch, a rank-order position each count about as one unit.
-const LENGTHS: [f64; 13] = [
-    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0,
-];
+const LENGTHS: [f64; 13] = [1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0];
 use crate::store::Trial;
 
 /// Which search.
@@ -167,10 +165,7 @@ impl<'a> State<'a> {
         const KNOBS: [&[usize]; 8] = [&[0], &[1], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12]];
         let xi = &self.x[i];
         self.x.iter().enumerate().filter_map(move |(j, xj)| {
-            let moved = KNOBS
-                .iter()
-                .filter(|k| k.iter().any(|&f| xi[f] != xj[f]))
-                .count();
+            let moved = KNOBS.iter().filter(|k| k.iter().any(|&f| xi[f] != xj[f])).count();
             (j != i && moved <= self.settings.radius).then_some(j)
         })
     }
@@ -204,18 +199,14 @@ impl<'a> State<'a> {
             xs.push(self.x[i].clone());
             ys.push(lo);
         }
-        let model = |x: &[Vec<f64>], y: &[f64], rng: &mut fastrand::Rng| match self
-            .settings
-            .surrogate
-        {
+        let model = |x: &[Vec<f64>], y: &[f64], rng: &mut fastrand::Rng| match self.settings.surrogate {
             Surrogate::Gp => Model::Gp(Gp::fit_ard(x, y, &LENGTHS, 1e-3)),
             Surrogate::ExtraTrees => Model::Trees(Forest::fit(x, y, self.settings.trees, 1, rng)),
         };
         let value = model(&xs, &ys, &mut rng);
         let runs = model(&xf, &yf, &mut rng);
         let progress = (n as f64 / self.settings.budget.max(1) as f64).min(1.0);
-        let kappa =
-            self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
+        let kappa = self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
         let score = |i: usize| {
             let (mu, sigma) = value.predict(&self.x[i]);
             // Optimistic about feasibility too: an untried region is not written off.
@@ -226,14 +217,9 @@ impl<'a> State<'a> {
         // Trust region (as in CASMOPOLITAN): most proposals score the untried layouts within two
         // knobs of the incumbent; every `global_every`-th scores a random pool of the whole space
         // plus hill-climbs of the acquisition from it, so the search can leave a basin.
-        let mut best: Vec<(usize, f64)> = self
-            .done
-            .iter()
-            .filter_map(|&(i, v)| v.map(|v| (i, v)))
-            .collect();
+        let mut best: Vec<(usize, f64)> = self.done.iter().filter_map(|&(i, v)| v.map(|v| (i, v))).collect();
         best.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let global = self.settings.global_every > 0
-            && n % self.settings.global_every == self.settings.global_every - 1;
+        let global = self.settings.global_every > 0 && n % self.settings.global_every == self.settings.global_every - 1;
         let mut scored: Vec<(usize, f64)> = Vec::new();
         if !global {
             for &(b, _) in best.iter().take(3) {
@@ -270,10 +256,9 @@ impl<'a> State<'a> {
             }
             scored.extend(pool);
         }
-        let pick = scored.into_iter().max_by(|a, b| {
-            a.1.total_cmp(&b.1)
-                .then_with(|| self.keys[b.0].cmp(&self.keys[a.0]))
-        });
+        let pick = scored
+            .into_iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| self.keys[b.0].cmp(&self.keys[a.0])));
         pick.map(|p| p.0).or_else(|| self.random_free(&mut rng))
     }
 }
@@ -329,10 +314,7 @@ pub fn run(
                 let Ok((id, i)) = job else { return };
                 let t0 = Instant::now();
                 let outcome = eval.evaluate(&space[i], id);
-                if res_tx
-                    .send((id, i, outcome, t0.elapsed().as_secs_f64()))
-                    .is_err()
-                {
+                if res_tx.send((id, i, outcome, t0.elapsed().as_secs_f64())).is_err() {
                     return;
                 }
             });

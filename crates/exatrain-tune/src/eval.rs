@@ -46,9 +46,7 @@ pub struct CostModel<'a> {
 impl Evaluator for CostModel<'_> {
     fn evaluate(&self, cfg: &ParallelConfig, _trial: u64) -> Outcome {
         match plan(self.model, self.cluster, cfg) {
-            Ok(p) if p.fits => Outcome::Ok {
-                value: p.tokens_per_s,
-            },
+            Ok(p) if p.fits => Outcome::Ok { value: p.tokens_per_s },
             Ok(p) => Outcome::OutOfMemory {
                 message: format!(
                     "predicted {:.1} GiB > {:.1} GiB",
@@ -56,9 +54,7 @@ impl Evaluator for CostModel<'_> {
                     p.capacity_bytes / 1073741824.0
                 ),
             },
-            Err(e) => Outcome::Failed {
-                message: e.to_string(),
-            },
+            Err(e) => Outcome::Failed { message: e.to_string() },
         }
     }
 }
@@ -102,19 +98,12 @@ pub struct CommandEval {
 
 impl CommandEval {
     /// Check the template's placeholders up front.
-    pub fn new(
-        template: &str,
-        devices_per_node: u32,
-        timeout: Duration,
-        metric: Metric,
-    ) -> Result<Self, SpecError> {
+    pub fn new(template: &str, devices_per_node: u32, timeout: Duration, metric: Metric) -> Result<Self, SpecError> {
         let mut rest = template;
         while let Some(open) = rest.find('{') {
             let after = &rest[open + 1..];
             let Some(close) = after.find('}') else {
-                return Err(SpecError::new(format!(
-                    "--eval-cmd: unclosed '{{' in `{template}`"
-                )));
+                return Err(SpecError::new(format!("--eval-cmd: unclosed '{{' in `{template}`")));
             };
             let name = &after[..close];
             if !PLACEHOLDERS.contains(&name) {
@@ -145,10 +134,7 @@ impl CommandEval {
         let b = |x: bool| if x { "1" } else { "0" }.to_string();
         let values = [
             ("gpus", c.gpus().to_string()),
-            (
-                "nodes",
-                c.gpus().div_ceil(self.devices_per_node).to_string(),
-            ),
+            ("nodes", c.gpus().div_ceil(self.devices_per_node).to_string()),
             ("tp", c.tp.to_string()),
             ("pp", c.pp.to_string()),
             ("dp", c.dp.to_string()),
@@ -190,8 +176,7 @@ fn looks_like_oom(s: &str) -> bool {
     let l = s.to_ascii_lowercase();
     l.contains("out of memory")
         || l.contains("outofmemory")
-        || s.split(|c: char| !c.is_ascii_alphanumeric())
-            .any(|w| w == "OOM")
+        || s.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "OOM")
 }
 
 impl Evaluator for CommandEval {

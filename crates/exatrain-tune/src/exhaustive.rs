@@ -29,10 +29,7 @@ pub struct Summary {
 
 /// A total order key for tie-breaking, so results do not depend on thread scheduling.
 pub fn cfg_key(c: &ParallelConfig) -> u128 {
-    let order = RankOrder::ALL
-        .iter()
-        .position(|o| *o == c.order)
-        .unwrap_or(0) as u128;
+    let order = RankOrder::ALL.iter().position(|o| *o == c.order).unwrap_or(0) as u128;
     let mut k = c.tp as u128;
     for (v, bits) in [
         (c.pp as u128, 16),
@@ -74,9 +71,7 @@ impl TopK {
             }
             self.items.pop();
         }
-        let at = self
-            .items
-            .partition_point(|x| better(x, &r) == Ordering::Less);
+        let at = self.items.partition_point(|x| better(x, &r) == Ordering::Less);
         self.items.insert(at, r);
     }
 
@@ -90,13 +85,7 @@ impl TopK {
 
 /// Evaluate every layout of the space; keep the `top` fastest that fit. `progress` is called with
 /// the number of layouts evaluated since its last call.
-pub fn search(
-    m: &ModelSpec,
-    c: &ClusterSpec,
-    s: &SpaceSpec,
-    top: usize,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Summary {
+pub fn search(m: &ModelSpec, c: &ClusterSpec, s: &SpaceSpec, top: usize, progress: &(dyn Fn(u64) + Sync)) -> Summary {
     let top = top.max(1);
     let shapes: Vec<_> = space::shapes(m, s).collect();
     let evaluated = AtomicU64::new(0);
@@ -159,16 +148,10 @@ pub fn pareto(
 ) -> (Vec<Point>, Vec<u32>) {
     let mut points = Vec::new();
     for &g in gpus {
-        let sg = SpaceSpec {
-            gpus: g,
-            ..s.clone()
-        };
+        let sg = SpaceSpec { gpus: g, ..s.clone() };
         let r = search(m, c, &sg, 1, progress);
         let why = if r.best.is_empty() {
-            Some(
-                space::why_empty(m, &sg)
-                    .unwrap_or_else(|| format!("no layout fits in memory on {g} GPUs")),
-            )
+            Some(space::why_empty(m, &sg).unwrap_or_else(|| format!("no layout fits in memory on {g} GPUs")))
         } else {
             None
         };

@@ -74,23 +74,15 @@ fn build(
     let dims = x[0].len();
     let mut best: Option<(f64, usize, f64)> = None;
     for feature in 0..dims {
-        let (lo, hi) = idx
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &i| {
-                (lo.min(x[i][feature]), hi.max(x[i][feature]))
-            });
+        let (lo, hi) = idx.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &i| {
+            (lo.min(x[i][feature]), hi.max(x[i][feature]))
+        });
         if hi <= lo {
             continue;
         }
         let threshold = lo + rng.f64() * (hi - lo);
-        let left = idx
-            .iter()
-            .filter(|&&i| x[i][feature] <= threshold)
-            .map(|&i| y[i]);
-        let right = idx
-            .iter()
-            .filter(|&&i| x[i][feature] > threshold)
-            .map(|&i| y[i]);
+        let left = idx.iter().filter(|&&i| x[i][feature] <= threshold).map(|&i| y[i]);
+        let right = idx.iter().filter(|&&i| x[i][feature] > threshold).map(|&i| y[i]);
         let (nl, nr) = (left.clone().count(), right.clone().count());
         if nl < min_leaf || nr < min_leaf {
             continue;
@@ -124,13 +116,7 @@ fn build(
 
 impl Forest {
     /// Fit `trees` trees on rows `x` (all of one width) and targets `y`.
-    pub fn fit(
-        x: &[Vec<f64>],
-        y: &[f64],
-        trees: usize,
-        min_leaf: usize,
-        rng: &mut fastrand::Rng,
-    ) -> Forest {
+    pub fn fit(x: &[Vec<f64>], y: &[f64], trees: usize, min_leaf: usize, rng: &mut fastrand::Rng) -> Forest {
         assert_eq!(x.len(), y.len(), "one target per row");
         assert!(!x.is_empty(), "at least one observation");
         let trees = (0..trees)

@@ -28,10 +28,7 @@ impl Gp {
     /// (on the standardized scale).
     pub fn fit(x: &[Vec<f64>], y: &[f64], lengths: &[f64], noise: f64) -> Gp {
         let n = x.len();
-        assert!(
-            n > 0 && n == y.len(),
-            "one target per row, at least one row"
-        );
+        assert!(n > 0 && n == y.len(), "one target per row, at least one row");
         let inv_len: Vec<f64> = lengths.iter().map(|l| 1.0 / l).collect();
         let mean = y.iter().sum::<f64>() / n as f64;
         let var = y.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
@@ -43,11 +40,7 @@ impl Gp {
                 for k in 0..j {
                     s -= l[i * n + k] * l[j * n + k];
                 }
-                l[i * n + j] = if i == j {
-                    s.max(1e-12).sqrt()
-                } else {
-                    s / l[j * n + j]
-                };
+                l[i * n + j] = if i == j { s.max(1e-12).sqrt() } else { s / l[j * n + j] };
             }
         }
         let z: Vec<f64> = y.iter().map(|v| (v - mean) / scale).collect();
@@ -116,12 +109,7 @@ impl Gp {
 }
 
 fn kernel(inv_len: &[f64], a: &[f64], b: &[f64]) -> f64 {
-    let d: f64 = a
-        .iter()
-        .zip(b)
-        .zip(inv_len)
-        .map(|((x, y), w)| (x - y).abs() * w)
-        .sum();
+    let d: f64 = a.iter().zip(b).zip(inv_len).map(|((x, y), w)| (x - y).abs() * w).sum();
     (-d).exp()
 }
 

@@ -76,11 +76,7 @@ struct Options {
 
 impl Options {
     fn count(&self) -> usize {
-        self.zero.len()
-            * self.attention.len()
-            * self.sp.len()
-            * self.virtual_stages.len()
-            * self.orders.len()
+        self.zero.len() * self.attention.len() * self.sp.len() * self.virtual_stages.len() * self.orders.len()
     }
 
     /// The i-th combination (mixed radix).
@@ -227,10 +223,7 @@ pub fn shape_configs<'a>(
 }
 
 /// Every valid, distinct layout of the space, lazily.
-pub fn configs<'a>(
-    m: &'a ModelSpec,
-    s: &'a SpaceSpec,
-) -> impl Iterator<Item = ParallelConfig> + 'a {
+pub fn configs<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = ParallelConfig> + 'a {
     shapes(m, s).flat_map(move |shape| shape_configs(m, s, shape))
 }
 

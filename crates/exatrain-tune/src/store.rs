@@ -68,18 +68,12 @@ impl Store {
 
     /// Reopen a store: its meta and every finished trial. A last line cut short by a crash is
     /// dropped (and cut from the file); any other unreadable line is an error.
-    pub fn open<M: for<'de> Deserialize<'de>>(
-        dir: &Path,
-    ) -> Result<(Store, M, Vec<Trial>), SpecError> {
+    pub fn open<M: for<'de> Deserialize<'de>>(dir: &Path) -> Result<(Store, M, Vec<Trial>), SpecError> {
         let meta_path = dir.join(META);
-        let meta_text = fs::read_to_string(&meta_path)
-            .map_err(|e| io_err(&meta_path, "read (is this a tune --out folder?)", e))?;
-        let meta: M = serde_json::from_str(&meta_text).map_err(|e| {
-            SpecError::new(format!(
-                "{}: corrupt search description: {e}",
-                meta_path.display()
-            ))
-        })?;
+        let meta_text =
+            fs::read_to_string(&meta_path).map_err(|e| io_err(&meta_path, "read (is this a tune --out folder?)", e))?;
+        let meta: M = serde_json::from_str(&meta_text)
+            .map_err(|e| SpecError::new(format!("{}: corrupt search description: {e}", meta_path.display())))?;
         let path = dir.join(TRIALS);
         let mut file = OpenOptions::new()
             .read(true)
@@ -87,8 +81,7 @@ impl Store {
             .open(&path)
             .map_err(|e| io_err(&path, "open", e))?;
         let mut text = String::new();
-        file.read_to_string(&mut text)
-            .map_err(|e| io_err(&path, "read", e))?;
+        file.read_to_string(&mut text).map_err(|e| io_err(&path, "read", e))?;
         let mut trials = Vec::new();
         let mut good_len = 0usize;
         let mut offset = 0usize;
@@ -121,11 +114,9 @@ impl Store {
             file.set_len(good_len as u64)
                 .map_err(|e| io_err(&path, "truncate a torn last line", e))?;
         }
-        file.seek(SeekFrom::End(0))
-            .map_err(|e| io_err(&path, "seek", e))?;
+        file.seek(SeekFrom::End(0)).map_err(|e| io_err(&path, "seek", e))?;
         if newline_missing {
-            file.write_all(b"\n")
-                .map_err(|e| io_err(&path, "append", e))?;
+            file.write_all(b"\n").map_err(|e| io_err(&path, "append", e))?;
         }
         Ok((Store { file, path }, meta, trials))
     }
@@ -137,8 +128,6 @@ impl Store {
         self.file
             .write_all(line.as_bytes())
             .map_err(|e| io_err(&self.path, "append", e))?;
-        self.file
-            .sync_data()
-            .map_err(|e| io_err(&self.path, "sync", e))
+        self.file.sync_data().map_err(|e| io_err(&self.path, "sync", e))
     }
 }

@@ -116,11 +116,7 @@ fn exhaustive_finds_the_brute_force_optimum_and_top_k_in_order() {
     // deterministic despite threads
     let again = exhaustive::search(&m, &c, &s, 5, &|_| {});
     assert_eq!(
-        again
-            .best
-            .iter()
-            .map(|b| cfg_key(&b.cfg))
-            .collect::<Vec<_>>(),
+        again.best.iter().map(|b| cfg_key(&b.cfg)).collect::<Vec<_>>(),
         r.best.iter().map(|b| cfg_key(&b.cfg)).collect::<Vec<_>>()
     );
 }
@@ -163,10 +159,7 @@ fn search(
     budget: usize,
 ) -> Vec<Trial> {
     let space: Vec<_> = space::configs(m, s).collect();
-    let eval = CostModel {
-        model: m,
-        cluster: c,
-    };
+    let eval = CostModel { model: m, cluster: c };
     bayes::run(
         &space,
         &eval,
@@ -185,9 +178,7 @@ fn bayes_is_reproducible_and_beats_random_on_a_seeded_problem() {
         orders: vec![RankOrder::default()],
         ..SpaceSpec::new(128, 512)
     };
-    let optimum = exhaustive::search(&m, &c, &s, 1, &|_| {}).best[0]
-        .plan
-        .tokens_per_s;
+    let optimum = exhaustive::search(&m, &c, &s, 1, &|_| {}).best[0].plan.tokens_per_s;
     let a = search(Strategy::Bayes, 3, &m, &c, &s, 30);
     let b = search(Strategy::Bayes, 3, &m, &c, &s, 30);
     let what = |ts: &[Trial]| {
@@ -198,12 +189,7 @@ fn bayes_is_reproducible_and_beats_random_on_a_seeded_problem() {
     assert!(what(&a) == what(&b), "same seed, same search");
     let keys: HashSet<u128> = a.iter().map(|t| cfg_key(&t.config)).collect();
     assert_eq!(keys.len(), a.len(), "no layout tried twice");
-    let best = |ts: &[Trial]| {
-        ts.iter()
-            .filter_map(|t| t.outcome.value())
-            .fold(0.0, f64::max)
-            / optimum
-    };
+    let best = |ts: &[Trial]| ts.iter().filter_map(|t| t.outcome.value()).fold(0.0, f64::max) / optimum;
     let (mut bo, mut rnd) = (Vec::new(), Vec::new());
     for seed in 0..4 {
         bo.push(best(&search(Strategy::Bayes, seed, &m, &c, &s, 30)));
@@ -227,8 +213,7 @@ fn failures_are_recorded_and_the_search_goes_on() {
     let t = search(Strategy::Bayes, 1, &m, &c, &s, 30);
     assert_eq!(t.len(), 30);
     assert!(
-        t.iter()
-            .any(|x| matches!(x.outcome, Outcome::OutOfMemory { .. })),
+        t.iter().any(|x| matches!(x.outcome, Outcome::OutOfMemory { .. })),
         "175B on 256 GCDs: some layouts must not fit"
     );
     assert!(t.iter().any(|x| x.outcome.value().is_some()));
@@ -312,14 +297,9 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
         start.elapsed() < Duration::from_secs(5),
         "killed promptly, grandchildren too"
     );
-    let bad = CommandEval::new(
-        "run --tp {tp} --foo {foo}",
-        8,
-        t,
-        Metric::JsonKey("x".into()),
-    )
-    .err()
-    .unwrap();
+    let bad = CommandEval::new("run --tp {tp} --foo {foo}", 8, t, Metric::JsonKey("x".into()))
+        .err()
+        .unwrap();
     assert!(
         bad.0.contains("unknown placeholder {foo}") && bad.0.contains("{micro_batch}"),
         "{bad}"
@@ -360,8 +340,5 @@ fn store_survives_a_torn_write_and_rejects_corruption() {
         .replacen("\"id\":1", "\"id\":\"x\"", 1);
     std::fs::write(&path, text).unwrap();
     let err = Store::open::<serde_json::Value>(&dir).err().unwrap();
-    assert!(
-        err.0.contains("line 2") && err.0.contains("corrupt"),
-        "{err}"
-    );
+    assert!(err.0.contains("line 2") && err.0.contains("corrupt"), "{err}");
 }
