@@ -286,7 +286,7 @@ pub fn html(study: &Study, json: &str) -> String {
     let mut h = String::new();
     h.push_str("<!doctype html><html><head><meta charset=\"utf-8\"><title>exatrain study</title><style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}td.l{text-align:left}svg{display:block;margin:1em 0}</style></head><body>");
     h.push_str(&format!(
-        "<h1>exatrain study: {} on {}</h1><p>Device {} ({:.1} TFLOP/s bf16 peak). Best layout per node count from an exhaustive search of the cost model. Weak scaling grows the global batch with the node count; strong scaling keeps the smallest count's batch. Efficiencies are per-device throughput relative to the smallest count.</p>",
+        "<h1>exatrain study: {} on {}</h1><p>Device {} ({:.1} TFLOP/s bf16 peak). Best layout per node count from an exhaustive search of the cost model. Weak scaling grows the global batch with the node count; strong scaling keeps the smallest count's batch. Efficiencies are per-device throughput relative to the smallest count that has a layout.</p>",
         esc(&study.models.iter().map(|m| m.model.clone()).collect::<Vec<_>>().join(", ")),
         esc(&study.cluster),
         esc(&study.device),

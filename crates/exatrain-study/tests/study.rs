@@ -70,10 +70,12 @@ fn study_rows_report_and_json_agree() {
         rows[0].why
     );
     assert!(rows[1].strong.is_some() && rows[2].strong.is_some());
-    assert!(
-        rows[1].strong_efficiency.is_none(),
-        "no baseline when the smallest count has no layout"
+    assert_eq!(
+        rows[1].strong_efficiency,
+        Some(1.0),
+        "the baseline is the smallest count with a layout"
     );
+    assert!(rows[0].strong_efficiency.is_none());
     let s = study(&[presets::model("gpt-22b").unwrap()], &c, &spec(vec![4, 8, 16]));
     let r = &s.models[0].rows;
     assert_eq!(r[0].weak_efficiency, Some(1.0));
