@@ -4,6 +4,7 @@ mod args;
 mod plan_cmd;
 mod study_cmd;
 mod table;
+mod train_cmd;
 mod tune_cmd;
 mod validate;
 
@@ -30,6 +31,12 @@ enum Command {
     Study(study_cmd::StudyArgs),
     /// Turn a layout into a launch script: megatron-lm, megatron-deepspeed, slurm or exatrain.
     Export(study_cmd::ExportArgs),
+    /// Train a GPT model for real on this machine (default: gpt-mini on the bundled corpus).
+    Train(train_cmd::TrainArgs),
+    /// Generate text from a checkpoint.
+    Sample(train_cmd::SampleArgs),
+    /// Write a checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
+    ExportHf(train_cmd::ExportHfArgs),
 }
 
 fn main() {
@@ -53,6 +60,9 @@ fn main() {
         Command::Tune(a) => tune_cmd::run(a),
         Command::Study(a) => study_cmd::run_study(a),
         Command::Export(a) => study_cmd::run_export(a),
+        Command::Train(a) => train_cmd::run_train(a),
+        Command::Sample(a) => train_cmd::run_sample(a),
+        Command::ExportHf(a) => train_cmd::run_export_hf(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

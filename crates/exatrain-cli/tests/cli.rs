@@ -208,3 +208,71 @@ fn validate_rejects_a_bad_csv() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("row 1"));
 }
+
+#[test]
+fn train_sample_and_export_hf_end_to_end() {
+    let dir = std::env::temp_dir().join(format!("exatrain-cli-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let args = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--eval-every",
+        "3",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    let o = exatrain(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for k in ["loss", "lr", "tokens_per_s", "model_tflops", "mfu"] {
+        assert!(lines[2][k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    for k in ["weights", "grads", "optimizer", "activations"] {
+        assert!(lines[2]["bytes"][k].as_u64().unwrap() > 0, "{k}");
+    }
+    assert!(lines[2]["val_loss"].as_f64().is_some() && lines[2]["checkpoint"].is_string());
+    assert_eq!(
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .count(),
+        3
+    );
+    let o = exatrain(&["sample", out.to_str().unwrap(), "--prompt", "WAR, n.", "--tokens", "5"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8(o.stdout).unwrap().starts_with("WAR, n."));
+    let hf = dir.join("hf");
+    let o = exatrain(&["export-hf", out.to_str().unwrap(), hf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        assert!(hf.join(f).is_file(), "{f}");
+    }
+    // resume extends the run; a non-GPT-2 model is refused with the reason
+    let o = exatrain(&["train", "--resume", out.to_str().unwrap(), "--steps", "4", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 1);
+    let o = exatrain(&["train", "--model", "llama3-8b", "--out", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 blocks only"));
+}

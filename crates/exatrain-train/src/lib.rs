@@ -8,10 +8,14 @@
 //! The model reads the planner's [`ModelSpec`](exatrain_spec::ModelSpec), so the planner's memory
 //! categories (weights, grads, optimizer, activations) can be compared with the bytes held here.
 
+pub mod checkpoint;
+pub mod data;
+pub mod hf;
 pub mod kernels;
 pub mod model;
 pub mod optim;
 mod real;
+pub mod train;
 
 pub use model::{Gpt, GptShape};
 pub use real::Real;

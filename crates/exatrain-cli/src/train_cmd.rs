@@ -1,0 +1,251 @@
+//! `exatrain train`, `exatrain sample`, `exatrain export-hf`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use exatrain_spec::{load, SpecError};
+use exatrain_train::checkpoint;
+use exatrain_train::data;
+use exatrain_train::model::Gpt;
+use exatrain_train::train::{self, TrainConfig, Trainer};
+
+const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// Model preset or file (GPT-2 architecture).
+    #[arg(long, default_value = "gpt-mini")]
+    pub model: String,
+    /// A text file to tokenize, or a folder made from one [default: the bundled public-domain corpus].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value_t = 200)]
+    pub steps: u64,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: usize,
+    /// Sequences per optimizer step (gradient accumulation = global / micro).
+    #[arg(long, default_value_t = 16)]
+    pub global_batch: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 1e-4)]
+    pub min_lr: f64,
+    #[arg(long, default_value_t = 20)]
+    pub warmup: u64,
+    #[arg(long, default_value_t = 0.1)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f64,
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: u64,
+    #[arg(long, default_value_t = 100)]
+    pub ckpt_every: u64,
+    #[arg(long, default_value_t = 1337)]
+    pub seed: u64,
+    /// Prompt for the samples printed at each evaluation.
+    #[arg(long, default_value = "LOVE, n.")]
+    pub prompt: String,
+    /// Run folder: checkpoints, metrics.jsonl, the tokenized data.
+    #[arg(long, default_value = "runs/train")]
+    pub out: PathBuf,
+    /// Continue a run (its folder or a checkpoint); --steps may extend it.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// One JSON line per step on stdout instead of the progress bar.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
+    let dir = a.out.join("data");
+    let source = match &a.data {
+        Some(p) if p.is_dir() => return Ok(p.clone()),
+        Some(p) if p.is_file() => p.clone(),
+        Some(p) => {
+            return Err(SpecError::new(format!(
+                "--data {}: no such file or folder",
+                p.display()
+            )))
+        }
+        None => {
+            std::fs::create_dir_all(&a.out)
+                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", a.out.display())))?;
+            let p = a.out.join("devils-dictionary.txt");
+            if !p.is_file() {
+                std::fs::write(&p, CORPUS).map_err(|e| SpecError::new(format!("--out {}: {e}", a.out.display())))?;
+            }
+            p
+        }
+    };
+    if let Ok(d) = data::Dataset::open(&dir, 1) {
+        let bytes = std::fs::metadata(&source).map(|m| m.len()).unwrap_or(0);
+        if d.meta.source_bytes == bytes && d.meta.vocab_size <= vocab {
+            return Ok(dir);
+        }
+    }
+    data::prepare(&source, vocab, &dir)?;
+    Ok(dir)
+}
+
+pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
+    let mut trainer = match &a.resume {
+        Some(r) => Trainer::resume(r, Some(a.steps))?,
+        None => {
+            let spec = load::model(&a.model)?;
+            let cfg = TrainConfig {
+                steps: a.steps,
+                micro_batch: a.micro_batch,
+                global_batch: a.global_batch,
+                lr: a.lr,
+                min_lr: a.min_lr,
+                warmup: a.warmup,
+                weight_decay: a.weight_decay,
+                grad_clip: a.grad_clip,
+                eval_every: a.eval_every,
+                eval_batches: 8,
+                ckpt_every: a.ckpt_every,
+                seed: a.seed,
+                sample_prompt: a.prompt.clone(),
+                sample_tokens: 40,
+            };
+            cfg.check()?;
+            let dir = data_dir(&a, spec.vocab)?;
+            Trainer::new(spec, cfg, &dir, &a.out)?
+        }
+    };
+    let metrics_path = a.resume.as_ref().map_or(a.out.clone(), |r| {
+        checkpoint::resolve(r)
+            .ok()
+            .and_then(|d| d.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| a.out.clone())
+    });
+    let mut metrics = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(metrics_path.join("metrics.jsonl"))
+        .map_err(|e| SpecError::new(format!("{}: {e}", metrics_path.display())))?;
+    let meta = trainer.data.meta.clone();
+    if !a.json {
+        let b = trainer.bytes();
+        let mib = |x: usize| x as f64 / 1048576.0;
+        eprintln!(
+            "{}: {:.2} M params, {} train / {} val tokens (unigram entropy {:.2} nats), step {} → {}; memory: weights {:.1} MiB, grads {:.1}, optimizer {:.1}, activations {:.1}",
+            trainer.spec.name,
+            trainer.model.params.len() as f64 / 1e6,
+            meta.train_tokens,
+            meta.val_tokens,
+            meta.unigram_entropy,
+            trainer.step,
+            trainer.cfg.steps,
+            mib(b.weights),
+            mib(b.grads),
+            mib(b.optimizer),
+            mib(b.activations)
+        );
+    }
+    let pb = indicatif::ProgressBar::new(trainer.cfg.steps);
+    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("template"));
+    pb.set_position(trainer.step);
+    if a.json {
+        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    // Progress lines go above the bar on a terminal, to stderr otherwise.
+    let say = |pb: &indicatif::ProgressBar, s: String| {
+        if pb.is_hidden() {
+            eprintln!("{s}")
+        } else {
+            pb.println(s)
+        }
+    };
+    while trainer.step < trainer.cfg.steps {
+        let log = trainer.train_step()?;
+        let line = serde_json::to_string(&log).expect("json");
+        writeln!(metrics, "{line}").map_err(|e| SpecError::new(format!("metrics.jsonl: {e}")))?;
+        if a.json {
+            println!("{line}");
+        } else {
+            pb.set_position(log.step);
+            pb.set_message(format!(
+                "loss {:.3} | lr {:.2e} | {:.0} tok/s | {:.3} TFLOP/s | MFU {:.1}%",
+                log.loss,
+                log.lr,
+                log.tokens_per_s,
+                log.model_tflops,
+                100.0 * log.mfu
+            ));
+            if let Some(v) = log.val_loss {
+                say(
+                    &pb,
+                    format!(
+                    "step {:>5}: train {:.3} | val {:.3} | unigram {:.3} | {:.0} tok/s | {:.3} TFLOP/s | MFU {:.1}%",
+                    log.step, log.loss, v, meta.unigram_entropy, log.tokens_per_s, log.model_tflops, 100.0 * log.mfu
+                ),
+                );
+            }
+            if let Some(s) = &log.sample {
+                say(
+                    &pb,
+                    format!("  sample: {}{}", trainer.cfg.sample_prompt, s.replace('\n', " ")),
+                );
+            }
+            if let Some(c) = &log.checkpoint {
+                say(&pb, format!("  checkpoint {}", c.display()));
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct SampleArgs {
+    /// A checkpoint or a run folder.
+    pub ckpt: PathBuf,
+    #[arg(long, default_value = "LOVE, n.")]
+    pub prompt: String,
+    #[arg(long, default_value_t = 60)]
+    pub tokens: usize,
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn load_model(ckpt: &Path) -> Result<(PathBuf, Gpt<f32>, checkpoint::State), SpecError> {
+    let dir = checkpoint::resolve(ckpt)?;
+    let (state, params, _) = checkpoint::load(&dir, false)?;
+    let shape = exatrain_train::GptShape::from_spec(&state.model)?;
+    let mut m = Gpt::<f32>::new(shape, 0);
+    m.params = params;
+    Ok((dir, m, state))
+}
+
+pub fn run_sample(a: SampleArgs) -> Result<(), SpecError> {
+    let (dir, mut m, _) = load_model(&a.ckpt)?;
+    let tk = data::load_tokenizer(&dir)?;
+    let text = train::sample(&mut m, &tk, &a.prompt, a.tokens, a.temperature, a.seed)?;
+    println!("{}{}", a.prompt, text);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ExportHfArgs {
+    /// A checkpoint or a run folder.
+    pub ckpt: PathBuf,
+    /// Output folder for config.json, model.safetensors and tokenizer.json.
+    pub dir: PathBuf,
+}
+
+pub fn run_export_hf(a: ExportHfArgs) -> Result<(), SpecError> {
+    let (dir, m, _) = load_model(&a.ckpt)?;
+    let tk = data::load_tokenizer(&dir)?;
+    exatrain_train::hf::export(&m.shape, &m.params, tk.token_to_id("<|endoftext|>"), &a.dir)?;
+    std::fs::copy(dir.join("tokenizer.json"), a.dir.join("tokenizer.json"))
+        .map_err(|e| SpecError::new(format!("{}: {e}", a.dir.display())))?;
+    println!(
+        "wrote {}/config.json, model.safetensors, tokenizer.json",
+        a.dir.display()
+    );
+    Ok(())
+}

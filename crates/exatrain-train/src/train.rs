@@ -1,0 +1,406 @@
+//! The training loop, top to bottom: for each step, draw `global_batch / micro_batch`
+//! microbatches, forward and backward each (gradients accumulate), clip to the global norm, set
+//! the warmup + cosine learning rate, update with AdamW; now and then evaluate, sample, checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use exatrain_spec::{ModelSpec, SpecError};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{self, State};
+use crate::data::{self, Dataset};
+use crate::model::{Gpt, GptShape};
+use crate::optim::{clip_grad_norm, lr_at, AdamW, AdamWConfig};
+
+/// Everything a run is configured by (saved in each checkpoint).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub steps: u64,
+    /// Sequences per forward/backward.
+    pub micro_batch: usize,
+    /// Sequences per optimizer step (a multiple of micro_batch: gradient accumulation).
+    pub global_batch: usize,
+    pub lr: f64,
+    pub min_lr: f64,
+    pub warmup: u64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    /// Evaluate the validation loss every this many steps (0: only at the end).
+    pub eval_every: u64,
+    pub eval_batches: usize,
+    /// Checkpoint every this many steps (0: only at the end).
+    pub ckpt_every: u64,
+    pub seed: u64,
+    pub sample_prompt: String,
+    pub sample_tokens: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            steps: 200,
+            micro_batch: 8,
+            global_batch: 16,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup: 20,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            eval_every: 50,
+            eval_batches: 8,
+            ckpt_every: 100,
+            seed: 1337,
+            sample_prompt: "LOVE, n.".into(),
+            sample_tokens: 40,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn check(&self) -> Result<(), SpecError> {
+        if self.micro_batch == 0 || self.global_batch == 0 || self.steps == 0 {
+            return Err(SpecError::new(
+                "--steps, --micro-batch and --global-batch must be positive integers",
+            ));
+        }
+        if self.global_batch % self.micro_batch != 0 {
+            return Err(SpecError::new(format!(
+                "--global-batch {} is not divisible by --micro-batch {}",
+                self.global_batch, self.micro_batch
+            )));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return Err(SpecError::new(format!(
+                "--lr {} must be positive and at least --min-lr {}",
+                self.lr, self.min_lr
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes held per category (the planner's `memory_bytes` names).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bytes {
+    pub weights: usize,
+    pub grads: usize,
+    pub optimizer: usize,
+    pub activations: usize,
+}
+
+/// What one step reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepLog {
+    pub step: u64,
+    pub loss: f64,
+    pub val_loss: Option<f64>,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub model_tflops: f64,
+    /// Against the sgemm peak measured on this machine at start-up.
+    pub mfu: f64,
+    pub bytes: Bytes,
+    pub sample: Option<String>,
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// A training run in progress.
+pub struct Trainer {
+    pub spec: ModelSpec,
+    pub cfg: TrainConfig,
+    pub model: Gpt<f32>,
+    pub opt: AdamW<f32>,
+    pub data: Dataset,
+    tokenizer: tokenizers::Tokenizer,
+    pub step: u64,
+    sequences: u64,
+    peak_flops: f64,
+    out: PathBuf,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+    last_checkpoint: Option<PathBuf>,
+}
+
+/// sgemm throughput of this machine on 1024³ with the kernels' row split, FLOP/s.
+pub fn measure_peak() -> f64 {
+    use rayon::prelude::*;
+    let n = 1024;
+    let a = vec![1.0f32; n * n];
+    let b = vec![1.0f32; n * n];
+    let mut c = vec![0.0f32; n * n];
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        c.par_chunks_mut(64 * n).enumerate().for_each(|(blk, cb)| {
+            let rows = cb.len() / n;
+            // SAFETY: a block of `rows` rows of a, all of b, and this block of c, all in bounds.
+            unsafe {
+                matrixmultiply::sgemm(
+                    rows,
+                    n,
+                    n,
+                    1.0,
+                    a.as_ptr().add(blk * 64 * n),
+                    n as isize,
+                    1,
+                    b.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    cb.as_mut_ptr(),
+                    n as isize,
+                    1,
+                );
+            }
+        });
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    2.0 * (n as f64).powi(3) / best
+}
+
+fn decay_ranges(m: &Gpt<f32>) -> Vec<std::ops::Range<usize>> {
+    let mut d: Vec<_> = m
+        .layout
+        .blocks
+        .iter()
+        .flat_map(|b| [b.qkvw.clone(), b.projw.clone(), b.fcw.clone(), b.fcprojw.clone()])
+        .collect();
+    d.push(m.layout.wte.clone());
+    d
+}
+
+impl Trainer {
+    /// Start a run of `spec` on `data_dir`, checkpointing into `out`.
+    pub fn new(spec: ModelSpec, cfg: TrainConfig, data_dir: &Path, out: &Path) -> Result<Trainer, SpecError> {
+        cfg.check()?;
+        let shape = GptShape::from_spec(&spec)?;
+        let data = Dataset::open(data_dir, shape.max_seq)?;
+        if data.meta.vocab_size as usize > shape.vocab {
+            return Err(SpecError::new(format!(
+                "--data {}: the tokenizer has {} tokens but model {} has vocab {}",
+                data_dir.display(),
+                data.meta.vocab_size,
+                spec.name,
+                shape.vocab
+            )));
+        }
+        let tokenizer = data::load_tokenizer(data_dir)?;
+        std::fs::create_dir_all(out)
+            .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
+        let model = Gpt::<f32>::new(shape, cfg.seed);
+        let opt = AdamW::new(
+            AdamWConfig {
+                lr: cfg.lr,
+                weight_decay: cfg.weight_decay,
+                ..Default::default()
+            },
+            model.params.len(),
+            decay_ranges(&model),
+        );
+        Ok(Trainer {
+            spec,
+            cfg,
+            model,
+            opt,
+            data,
+            tokenizer,
+            step: 0,
+            sequences: 0,
+            peak_flops: measure_peak(),
+            out: out.to_path_buf(),
+            tokens: Vec::new(),
+            targets: Vec::new(),
+            last_checkpoint: None,
+        })
+    }
+
+    /// Continue the run saved in `ckpt` (a checkpoint or its run folder). `steps` may extend it.
+    pub fn resume(ckpt: &Path, steps: Option<u64>) -> Result<Trainer, SpecError> {
+        let dir = checkpoint::resolve(ckpt)?;
+        let (state, params, opt) = checkpoint::load(&dir, true)?;
+        let mut cfg: TrainConfig = serde_json::from_value(state.config.clone())
+            .map_err(|e| SpecError::new(format!("{}: corrupt checkpoint config: {e}", dir.display())))?;
+        if let Some(s) = steps {
+            cfg.steps = s;
+        }
+        let out = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let mut t = Trainer::new(state.model.clone(), cfg, &state.data_dir, &out)?;
+        t.model.params = params;
+        let (m, v) = opt.expect("asked for the optimizer");
+        t.opt.m = m;
+        t.opt.v = v;
+        t.opt.step = state.opt_step;
+        t.step = state.step;
+        t.sequences = state.sequences;
+        t.last_checkpoint = Some(dir);
+        Ok(t)
+    }
+
+    pub fn bytes(&self) -> Bytes {
+        Bytes {
+            weights: self.model.params.len() * 4,
+            grads: self.model.grads.len() * 4,
+            optimizer: (self.opt.m.len() + self.opt.v.len()) * 4,
+            activations: self.model.activation_bytes(),
+        }
+    }
+
+    /// Mean validation loss over `eval_batches` fixed batches.
+    pub fn eval(&mut self) -> f64 {
+        let (b, t) = (self.cfg.micro_batch, self.model.shape.max_seq);
+        let mut sum = 0.0;
+        for k in 0..self.cfg.eval_batches.max(1) {
+            data::val_batch(&self.data.val, k, b, t, &mut self.tokens, &mut self.targets);
+            sum += self.model.forward(&self.tokens, &self.targets, b, t) as f64;
+        }
+        sum / self.cfg.eval_batches.max(1) as f64
+    }
+
+    /// Continue `prompt` by `n` tokens (temperature 0.8, seeded by the step).
+    pub fn sample(&mut self, prompt: &str, n: usize) -> Result<String, SpecError> {
+        sample(&mut self.model, &self.tokenizer, prompt, n, 0.8, self.step)
+    }
+
+    /// One optimizer step.
+    pub fn train_step(&mut self) -> Result<StepLog, SpecError> {
+        let t0 = Instant::now();
+        let (b, t) = (self.cfg.micro_batch, self.model.shape.max_seq);
+        let accum = self.cfg.global_batch / b;
+        self.model.zero_grad();
+        let mut loss = 0.0;
+        for _ in 0..accum {
+            data::train_batch(
+                &self.data.train,
+                self.cfg.seed,
+                self.sequences,
+                b,
+                t,
+                &mut self.tokens,
+                &mut self.targets,
+            );
+            self.sequences += b as u64;
+            loss += self.model.forward(&self.tokens, &self.targets, b, t) as f64 / accum as f64;
+            self.model.backward(1.0 / accum as f32);
+        }
+        if !loss.is_finite() {
+            return Err(SpecError::new(format!(
+                "loss is {loss} at step {}: stopping; the last good checkpoint is {}",
+                self.step + 1,
+                self.last_checkpoint
+                    .as_ref()
+                    .map_or("(none yet)".into(), |p| p.display().to_string())
+            )));
+        }
+        let grad_norm = clip_grad_norm(&mut self.model.grads, self.cfg.grad_clip);
+        let lr = lr_at(self.step, self.cfg.lr, self.cfg.min_lr, self.cfg.warmup, self.cfg.steps);
+        self.opt.update(&mut self.model.params, &self.model.grads, lr);
+        self.step += 1;
+        let seconds = t0.elapsed().as_secs_f64();
+        let flops = exatrain_cost::flops::model_step(&self.spec, self.cfg.global_batch as u32);
+        let last = self.step == self.cfg.steps;
+        let step = self.step;
+        let every = |k: u64| k > 0 && step % k == 0;
+        let evaluate = every(self.cfg.eval_every) || last;
+        let val_loss = if evaluate { Some(self.eval()) } else { None };
+        let sample = if evaluate && self.cfg.sample_tokens > 0 {
+            let p = self.cfg.sample_prompt.clone();
+            Some(self.sample(&p, self.cfg.sample_tokens)?)
+        } else {
+            None
+        };
+        let checkpoint = if every(self.cfg.ckpt_every) || last {
+            Some(self.save()?)
+        } else {
+            None
+        };
+        Ok(StepLog {
+            step: self.step,
+            loss,
+            val_loss,
+            lr,
+            grad_norm,
+            seconds,
+            tokens_per_s: (self.cfg.global_batch * t) as f64 / seconds,
+            model_tflops: flops / seconds / 1e12,
+            mfu: flops / seconds / self.peak_flops,
+            bytes: self.bytes(),
+            sample,
+            checkpoint,
+        })
+    }
+
+    /// Write a checkpoint now.
+    pub fn save(&mut self) -> Result<PathBuf, SpecError> {
+        let state = State {
+            format: "exatrain-ckpt-v1".into(),
+            step: self.step,
+            opt_step: self.opt.step,
+            sequences: self.sequences,
+            seed: self.cfg.seed,
+            model: self.spec.clone(),
+            config: serde_json::to_value(&self.cfg).expect("json"),
+            data_dir: self.data.dir.clone(),
+        };
+        let dir = checkpoint::save(
+            &self.out,
+            &state,
+            &self.model.layout,
+            &self.model.params,
+            &self.opt.m,
+            &self.opt.v,
+            &self.data.dir.join("tokenizer.json"),
+        )?;
+        self.last_checkpoint = Some(dir.clone());
+        Ok(dir)
+    }
+}
+
+/// Autoregressive sampling with temperature, from a model and its tokenizer.
+pub fn sample(
+    model: &mut Gpt<f32>,
+    tk: &tokenizers::Tokenizer,
+    prompt: &str,
+    n: usize,
+    temperature: f64,
+    seed: u64,
+) -> Result<String, SpecError> {
+    let mut ids: Vec<u32> = tk
+        .encode(prompt, false)
+        .map_err(|e| SpecError::new(format!("--prompt: {e}")))?
+        .get_ids()
+        .to_vec();
+    if ids.is_empty() {
+        ids.push(0);
+    }
+    let (tmax, vp, v) = (model.shape.max_seq, model.shape.padded_vocab, model.shape.vocab);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let start = ids.len();
+    for _ in 0..n {
+        let ctx: Vec<u32> = ids[ids.len().saturating_sub(tmax)..].to_vec();
+        let t = ctx.len();
+        let dummy = vec![0u32; t];
+        model.forward(&ctx, &dummy, 1, t);
+        let row = &model.logits()[(t - 1) * vp..(t - 1) * vp + v];
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let w: Vec<f64> = row
+            .iter()
+            .map(|&x| ((x as f64 - max) / temperature.max(1e-6)).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut u = rng.f64() * total;
+        let mut pick = v - 1;
+        for (j, &wj) in w.iter().enumerate() {
+            if u < wj {
+                pick = j;
+                break;
+            }
+            u -= wj;
+        }
+        ids.push(pick as u32);
+    }
+    tk.decode(&ids[start..], true)
+        .map_err(|e| SpecError::new(format!("decoding: {e}")))
+}
