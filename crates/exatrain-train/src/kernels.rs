@@ -10,8 +10,13 @@ use rayon::prelude::*;
 
 use crate::Real;
 
-/// Rows per parallel block of a matrix product.
+/// Rows per parallel block of the row-wise ops.
 const ROWS: usize = 64;
+
+/// Rows per parallel block of a matrix product: large, because each block packs the whole other
+/// operand again. The split never changes a result: each output element is accumulated over k
+/// in the same order whatever the number of rows in its block.
+const GEMM_ROWS: usize = 256;
 
 fn r<R: Real>(x: f64) -> R {
     R::of(x)
@@ -131,9 +136,9 @@ pub fn layernorm_backward<R: Real>(
 
 /// out[N,OC] = inp[N,C] · wᵀ + bias, with w[OC,C] (a linear layer's weight as stored by PyTorch).
 pub fn matmul_forward<R: Real>(out: &mut [R], inp: &[R], w: &[R], bias: Option<&[R]>, c: usize, oc: usize) {
-    out.par_chunks_mut(ROWS * oc).enumerate().for_each(|(blk, o)| {
+    out.par_chunks_mut(GEMM_ROWS * oc).enumerate().for_each(|(blk, o)| {
         let rows = o.len() / oc;
-        let x = &inp[blk * ROWS * c..(blk * ROWS + rows) * c];
+        let x = &inp[blk * GEMM_ROWS * c..(blk * GEMM_ROWS + rows) * c];
         // SAFETY: x is rows×C, w is OC×C read transposed, o is rows×OC; all in bounds, o is unique.
         unsafe {
             R::gemm(
@@ -176,9 +181,9 @@ pub fn matmul_backward<R: Real>(
     oc: usize,
 ) {
     let n = inp.len() / c;
-    dinp.par_chunks_mut(ROWS * c).enumerate().for_each(|(blk, di)| {
+    dinp.par_chunks_mut(GEMM_ROWS * c).enumerate().for_each(|(blk, di)| {
         let rows = di.len() / c;
-        let d = &dout[blk * ROWS * oc..(blk * ROWS + rows) * oc];
+        let d = &dout[blk * GEMM_ROWS * oc..(blk * GEMM_ROWS + rows) * oc];
         // SAFETY: d is rows×OC, w is OC×C, di is rows×C and unique to this block.
         unsafe {
             R::gemm(
@@ -200,9 +205,9 @@ pub fn matmul_backward<R: Real>(
         }
     });
     // Split dw by output rows: each block owns rows [o0, o0 + rows) of dw.
-    dw.par_chunks_mut(ROWS * c).enumerate().for_each(|(blk, dwb)| {
+    dw.par_chunks_mut(GEMM_ROWS * c).enumerate().for_each(|(blk, dwb)| {
         let rows = dwb.len() / c;
-        let o0 = blk * ROWS;
+        let o0 = blk * GEMM_ROWS;
         // SAFETY: A = doutᵀ restricted to rows o0.., read with row stride 1 and column stride OC
         // (rows×N); B = inp (N×C); dwb is rows×C and unique to this block.
         unsafe {
@@ -450,12 +455,20 @@ fn gelu_k<R: Real>() -> R {
     R::of((2.0 / std::f64::consts::PI).sqrt())
 }
 
+/// tanh(z) = 1 − 2 / (e^{2z} + 1): one exp, which is cheaper than the library tanh; exact to
+/// rounding, saturating correctly at ±∞.
+#[inline]
+fn tanh_exp<R: Real>(z: R) -> R {
+    let two = R::of(2.0);
+    R::one() - two / ((two * z).exp() + R::one())
+}
+
 /// out = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))  (GPT-2's "gelu_new")
 pub fn gelu_forward<R: Real>(out: &mut [R], inp: &[R]) {
     let (k, a, half) = (gelu_k::<R>(), R::of(0.044715), R::of(0.5));
     out.par_chunks_mut(4096).zip(inp.par_chunks(4096)).for_each(|(o, x)| {
         for (y, &v) in o.iter_mut().zip(x) {
-            *y = half * v * (R::one() + (k * (v + a * v * v * v)).tanh());
+            *y = half * v * (R::one() + tanh_exp(k * (v + a * v * v * v)));
         }
     });
 }
@@ -469,7 +482,7 @@ pub fn gelu_backward<R: Real>(dinp: &mut [R], inp: &[R], dout: &[R]) {
         .zip(dout.par_chunks(4096))
         .for_each(|((di, x), d)| {
             for ((g, &v), &dy) in di.iter_mut().zip(x).zip(d) {
-                let th = (k * (v + a * v * v * v)).tanh();
+                let th = tanh_exp(k * (v + a * v * v * v));
                 let sech2 = R::one() - th * th;
                 let local = half * (R::one() + th) + half * v * sech2 * k * (R::one() + a3 * v * v);
                 *g = *g + local * dy;
