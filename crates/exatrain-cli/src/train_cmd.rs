@@ -130,7 +130,7 @@ pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
         let b = trainer.bytes();
         let mib = |x: usize| x as f64 / 1048576.0;
         eprintln!(
-            "{}: {:.2} M params, {} train / {} val tokens (unigram entropy {:.2} nats), step {} → {}; memory: weights {:.1} MiB, grads {:.1}, optimizer {:.1}, activations {:.1}",
+            "{}: {:.2} M params, {} train / {} val tokens (unigram entropy {:.2} nats), step {} → {}; memory MiB: weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1} (+ backward workspace, allocated at the first step)",
             trainer.spec.name,
             trainer.model.params.len() as f64 / 1e6,
             meta.train_tokens,

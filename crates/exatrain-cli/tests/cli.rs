@@ -248,7 +248,7 @@ fn train_sample_and_export_hf_end_to_end() {
     for k in ["loss", "lr", "tokens_per_s", "model_tflops", "mfu"] {
         assert!(lines[2][k].as_f64().unwrap() > 0.0, "{k}");
     }
-    for k in ["weights", "grads", "optimizer", "activations"] {
+    for k in ["weights", "grads", "optimizer", "activations", "workspace"] {
         assert!(lines[2]["bytes"][k].as_u64().unwrap() > 0, "{k}");
     }
     assert!(lines[2]["val_loss"].as_f64().is_some() && lines[2]["checkpoint"].is_string());

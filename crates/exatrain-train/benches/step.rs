@@ -14,7 +14,7 @@ fn sgemm_gflops(n: usize) -> f64 {
     let b = vec![1.0f32; n * n];
     let mut c = vec![0.0f32; n * n];
     let mut best = f64::INFINITY;
-    for _ in 0..3 {
+    for _ in 0..10 {
         let t0 = Instant::now();
         // the same parallel split the kernels use: 64-row blocks over rayon
         use rayon::prelude::*;
@@ -45,6 +45,7 @@ fn sgemm_gflops(n: usize) -> f64 {
 }
 
 fn main() {
+    let peak = sgemm_gflops(1024);
     let spec = presets::model("bench").unwrap();
     let shape = GptShape::from_spec(&spec).unwrap();
     let (b, t) = (8usize, 256usize);
@@ -75,7 +76,6 @@ fn main() {
     times.sort_by(|a, b| a.total_cmp(b));
     let step = times[times.len() / 2];
     let flops = exatrain_cost::flops::model_step(&spec, b as u32);
-    let peak = sgemm_gflops(1024);
     let tokens_s = (b * t) as f64 / step;
     println!("threads: {}", rayon::current_num_threads());
     println!("{:<28} {:>12}", "step (median of 6)", format!("{:.3} s", step));
@@ -116,4 +116,32 @@ fn main() {
         m.activation_bytes() as f64 / g,
         p.memory_bytes.activations / g
     );
+    println!(
+        "{:<14} {:>12.1} {:>12}",
+        "bwd workspace",
+        m.workspace_bytes() as f64 / g,
+        "-"
+    );
+    let mut ru: Rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage(RUSAGE_SELF) fills the struct it is given.
+    unsafe { getrusage(0, &mut ru) };
+    println!(
+        "{:<14} {:>12.1} {:>12.1}",
+        "peak RSS/total",
+        ru.ru_maxrss as f64 / 1024.0,
+        p.memory_bytes.total / g
+    );
+}
+
+/// struct rusage on Linux (x86_64 / aarch64): two timevals, then 14 longs; ru_maxrss in KiB.
+#[repr(C)]
+struct Rusage {
+    utime: [i64; 2],
+    stime: [i64; 2],
+    ru_maxrss: i64,
+    rest: [i64; 13],
+}
+
+extern "C" {
+    fn getrusage(who: i32, usage: *mut Rusage) -> i32;
 }

@@ -342,9 +342,15 @@ impl<R: Real> Gpt<R> {
         }
     }
 
-    /// Bytes held by the activation buffers (forward values and their gradients).
+    /// Bytes of the activations kept from forward for backward (the planner's `activations`).
     pub fn activation_bytes(&self) -> usize {
-        (self.acts.len() + self.dacts.len()) * std::mem::size_of::<R>()
+        self.acts.len() * std::mem::size_of::<R>()
+    }
+
+    /// Bytes of the backward workspace: one gradient buffer per activation (llm.c's layout; the
+    /// planner does not count it, it is not kept across the step).
+    pub fn workspace_bytes(&self) -> usize {
+        self.dacts.len() * std::mem::size_of::<R>()
     }
 
     fn ensure(&mut self, b: usize, t: usize) {

@@ -86,7 +86,10 @@ pub struct Bytes {
     pub weights: usize,
     pub grads: usize,
     pub optimizer: usize,
+    /// Kept from forward for backward.
     pub activations: usize,
+    /// Activation gradients during backward (not counted by the planner).
+    pub workspace: usize,
 }
 
 /// What one step reports.
@@ -245,6 +248,7 @@ impl Trainer {
             grads: self.model.grads.len() * 4,
             optimizer: (self.opt.m.len() + self.opt.v.len()) * 4,
             activations: self.model.activation_bytes(),
+            workspace: self.model.workspace_bytes(),
         }
     }
 
