@@ -1,0 +1,297 @@
+//! Communicators: the collectives the trainer needs behind one trait, and in-process ranks
+//! (threads) that implement it for tests and single-machine runs. (The MPI implementation over
+//! `rsmpi` is the next step; it implements the same trait.)
+//!
+//! Every collective is deterministic: contributions are combined in rank order, so each rank
+//! gets bit-identical results, run after run. A rank that fails calls [`Communicator::abort`],
+//! and a rank that never arrives is noticed after the group's timeout: the others return an
+//! error naming what they waited for, never hang.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Why a collective did not complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommError(pub String);
+
+impl std::fmt::Display for CommError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CommError {}
+
+/// The collectives of data, tensor and pipeline parallelism over f32 buffers.
+pub trait Communicator: Send {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Every rank ends with the elementwise sum of all ranks' `buf`.
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError>;
+    /// `out` (size × mine.len()) ends as every rank's `mine`, in rank order.
+    fn all_gather(&self, mine: &[f32], out: &mut [f32]) -> Result<(), CommError>;
+    /// `mine` ends as the sum over ranks of chunk `rank` of `full` (size equal chunks).
+    fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError>;
+    /// Every rank's `buf` ends as `root`'s.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError>;
+    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError>;
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError>;
+    fn barrier(&self) -> Result<(), CommError>;
+    /// Ranks with the same `color` form a new group, ordered by `key` (MPI_Comm_split).
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError>;
+    /// Fail every pending and future collective of the group with `why`.
+    fn abort(&self, why: &str);
+}
+
+type Contributions = Arc<Vec<Vec<f32>>>;
+
+#[derive(Default)]
+struct State {
+    deposits: Vec<Option<Vec<f32>>>,
+    count: usize,
+    round: u64,
+    result: Option<Contributions>,
+    readers: usize,
+    failed: Option<String>,
+    splits: HashMap<(u64, usize), Arc<Hub>>,
+}
+
+/// The shared meeting point of one group of in-process ranks.
+struct Hub {
+    n: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+    timeout: Duration,
+    /// mailboxes[to][from]
+    senders: Vec<Vec<Mutex<Sender<Vec<f32>>>>>,
+    receivers: Vec<Vec<Mutex<Receiver<Vec<f32>>>>>,
+}
+
+impl Hub {
+    fn new(n: usize, timeout: Duration) -> Arc<Hub> {
+        let mut senders: Vec<Vec<Mutex<Sender<Vec<f32>>>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut receivers: Vec<Vec<Mutex<Receiver<Vec<f32>>>>> = (0..n).map(|_| Vec::new()).collect();
+        for to in 0..n {
+            for _from in 0..n {
+                let (s, r) = channel();
+                senders[to].push(Mutex::new(s));
+                receivers[to].push(Mutex::new(r));
+            }
+        }
+        let state = State {
+            deposits: vec![None; n],
+            ..Default::default()
+        };
+        Arc::new(Hub {
+            n,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            timeout,
+            senders,
+            receivers,
+        })
+    }
+}
+
+/// One in-process rank of a group.
+pub struct InProcess {
+    rank: usize,
+    hub: Arc<Hub>,
+}
+
+/// A group of `n` in-process ranks, one per thread; collectives give up after `timeout`.
+pub fn in_process(n: usize, timeout: Duration) -> Vec<InProcess> {
+    let hub = Hub::new(n, timeout);
+    (0..n).map(|rank| InProcess { rank, hub: hub.clone() }).collect()
+}
+
+impl InProcess {
+    fn wait<'a>(
+        &self,
+        mut st: std::sync::MutexGuard<'a, State>,
+        deadline: Instant,
+        what: &str,
+        done: impl Fn(&State) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, State>, CommError> {
+        loop {
+            if let Some(f) = &st.failed {
+                return Err(CommError(format!(
+                    "rank {}: {what}: the group was aborted: {f}",
+                    self.rank
+                )));
+            }
+            if done(&st) {
+                return Ok(st);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> = (0..self.hub.n).filter(|r| st.deposits[*r].is_none()).collect();
+                let msg = format!(
+                    "rank {}: {what} timed out after {:.0} s waiting for ranks {missing:?}",
+                    self.rank,
+                    self.hub.timeout.as_secs_f64()
+                );
+                st.failed = Some(msg.clone());
+                self.hub.cv.notify_all();
+                return Err(CommError(msg));
+            }
+            st = self.hub.cv.wait_timeout(st, deadline - now).expect("comm lock").0;
+        }
+    }
+
+    /// Every rank contributes a buffer and gets all contributions, in rank order.
+    fn exchange(&self, data: Vec<f32>, what: &str) -> Result<Contributions, CommError> {
+        self.exchange_round(data, what).map(|r| r.0)
+    }
+
+    /// [`Self::exchange`], also returning the round number (the same on every rank).
+    fn exchange_round(&self, data: Vec<f32>, what: &str) -> Result<(Contributions, u64), CommError> {
+        let deadline = Instant::now() + self.hub.timeout;
+        let st = self.hub.state.lock().expect("comm lock");
+        // the previous round's result must be consumed by everyone first
+        let mut st = self.wait(st, deadline, what, |s| s.result.is_none())?;
+        let my_round = st.round;
+        st.deposits[self.rank] = Some(data);
+        st.count += 1;
+        if st.count == self.hub.n {
+            let all: Vec<Vec<f32>> = st.deposits.iter_mut().map(|d| d.take().expect("deposited")).collect();
+            st.result = Some(Arc::new(all));
+            st.count = 0;
+            st.readers = self.hub.n;
+            st.round += 1;
+            self.hub.cv.notify_all();
+        }
+        let mut st = self.wait(st, deadline, what, |s| s.round > my_round)?;
+        let res = st.result.clone().expect("result of this round");
+        st.readers -= 1;
+        if st.readers == 0 {
+            st.result = None;
+            self.hub.cv.notify_all();
+        }
+        Ok((res, my_round))
+    }
+}
+
+impl Communicator for InProcess {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.hub.n
+    }
+
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let all = self.exchange(buf.to_vec(), "all_reduce")?;
+        for (i, x) in buf.iter_mut().enumerate() {
+            let mut s = 0.0f32;
+            for c in all.iter() {
+                s += c[i];
+            }
+            *x = s;
+        }
+        Ok(())
+    }
+
+    fn all_gather(&self, mine: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let all = self.exchange(mine.to_vec(), "all_gather")?;
+        for (r, c) in all.iter().enumerate() {
+            out[r * mine.len()..(r + 1) * mine.len()].copy_from_slice(c);
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError> {
+        let all = self.exchange(full.to_vec(), "reduce_scatter")?;
+        let off = self.rank * mine.len();
+        for (i, x) in mine.iter_mut().enumerate() {
+            let mut s = 0.0f32;
+            for c in all.iter() {
+                s += c[off + i];
+            }
+            *x = s;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
+        let all = self.exchange(if self.rank == root { buf.to_vec() } else { Vec::new() }, "broadcast")?;
+        buf.copy_from_slice(&all[root]);
+        Ok(())
+    }
+
+    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError> {
+        self.hub.senders[to][self.rank]
+            .lock()
+            .expect("mailbox")
+            .send(buf.to_vec())
+            .map_err(|_| CommError(format!("rank {}: send to rank {to}: the group is gone", self.rank)))
+    }
+
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError> {
+        let rx = self.hub.receivers[self.rank][from].lock().expect("mailbox");
+        let deadline = Instant::now() + self.hub.timeout;
+        loop {
+            if let Some(f) = &self.hub.state.lock().expect("comm lock").failed {
+                return Err(CommError(format!(
+                    "rank {}: recv from rank {from}: the group was aborted: {f}",
+                    self.rank
+                )));
+            }
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(v) if v.len() == buf.len() => {
+                    buf.copy_from_slice(&v);
+                    return Ok(());
+                }
+                Ok(v) => {
+                    return Err(CommError(format!(
+                        "rank {}: recv from rank {from}: got {} values, expected {}",
+                        self.rank,
+                        v.len(),
+                        buf.len()
+                    )))
+                }
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => continue,
+                Err(_) => {
+                    return Err(CommError(format!(
+                        "rank {}: recv from rank {from} timed out after {:.0} s",
+                        self.rank,
+                        self.hub.timeout.as_secs_f64()
+                    )))
+                }
+            }
+        }
+    }
+
+    fn barrier(&self) -> Result<(), CommError> {
+        self.exchange(Vec::new(), "barrier").map(|_| ())
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        let (all, round) = self.exchange_round(vec![color as f32, key as f32, self.rank as f32], "split")?;
+        let mut members: Vec<(usize, usize)> = all
+            .iter()
+            .filter(|c| c[0] as usize == color)
+            .map(|c| (c[1] as usize, c[2] as usize))
+            .collect();
+        members.sort_unstable();
+        let new_rank = members.iter().position(|m| m.1 == self.rank).expect("self is a member");
+        let mut st = self.hub.state.lock().expect("comm lock");
+        let hub = st
+            .splits
+            .entry((round, color))
+            .or_insert_with(|| Hub::new(members.len(), self.hub.timeout))
+            .clone();
+        Ok(Box::new(InProcess { rank: new_rank, hub }))
+    }
+
+    fn abort(&self, why: &str) {
+        let mut st = self.hub.state.lock().expect("comm lock");
+        if st.failed.is_none() {
+            st.failed = Some(format!("rank {} aborted: {why}", self.rank));
+        }
+        self.hub.cv.notify_all();
+    }
+}

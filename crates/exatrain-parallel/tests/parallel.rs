@@ -1,0 +1,204 @@
+use std::time::{Duration, Instant};
+
+use exatrain_parallel::comm::{in_process, Communicator};
+use exatrain_parallel::schedule::{schedule, simulate, Kind, Pass};
+use exatrain_spec::ParallelConfig;
+
+#[test]
+fn schedules_run_every_unit_once_without_deadlock() {
+    for (pp, m) in [(1u32, 1u32), (2, 2), (4, 4), (4, 8), (3, 7), (8, 3)] {
+        for kind in [Kind::GPipe, Kind::OneFOneB] {
+            let s = schedule(kind, pp, m);
+            for r in &s {
+                assert_eq!(r.len(), 2 * m as usize, "{kind:?} p {pp} m {m}");
+                for i in 0..m {
+                    let fi = r
+                        .iter()
+                        .position(|x| x.microbatch == i && x.pass == Pass::Forward)
+                        .unwrap();
+                    let bi = r
+                        .iter()
+                        .position(|x| x.microbatch == i && x.pass == Pass::Backward)
+                        .unwrap();
+                    assert!(fi < bi);
+                }
+            }
+            let sim = simulate(&s, pp, 1).unwrap_or_else(|e| panic!("{kind:?} p {pp} m {m}: {e}"));
+            // each unit step: the pipeline needs 2m steps plus 2(p-1) of fill and drain
+            assert_eq!(sim.makespan, 2 * m + 2 * (pp - 1), "{kind:?} p {pp} m {m}");
+        }
+    }
+}
+
+#[test]
+fn in_flight_microbatches_match_the_planner() {
+    use exatrain_cost::memory::chunks_in_flight;
+    for (pp, v, m) in [
+        (4u32, 1u32, 8u32),
+        (4, 1, 2),
+        (8, 1, 16),
+        (2, 2, 4),
+        (4, 2, 8),
+        (4, 3, 12),
+        (3, 2, 6),
+    ] {
+        let kind = if v == 1 {
+            Kind::OneFOneB
+        } else {
+            Kind::Interleaved { chunks: v }
+        };
+        let s = schedule(kind, pp, m);
+        for r in &s {
+            assert_eq!(r.len(), (2 * m * v) as usize);
+        }
+        let sim = simulate(&s, pp, v).unwrap_or_else(|e| panic!("p {pp} v {v} m {m}: {e}"));
+        let cfg = ParallelConfig {
+            virtual_stages: v,
+            ..ParallelConfig::new(1, pp, 1, 1, m)
+        };
+        for r in 0..pp {
+            assert_eq!(
+                sim.peak_in_flight[r as usize] as f64,
+                chunks_in_flight(&cfg, r),
+                "p {pp} v {v} m {m} rank {r}"
+            );
+        }
+    }
+    // GPipe holds every microbatch
+    let sim = simulate(&schedule(Kind::GPipe, 4, 8), 4, 1).unwrap();
+    assert!(sim.peak_in_flight.iter().all(|&x| x == 8));
+}
+
+#[test]
+fn interleaving_shrinks_the_bubble() {
+    let (pp, m) = (4, 8);
+    let plain = simulate(&schedule(Kind::OneFOneB, pp, m), pp, 1).unwrap();
+    // one chunk of work per unit: split each stage into v chunks → each unit is 1/v of the work
+    let v = 2;
+    let inter = simulate(&schedule(Kind::Interleaved { chunks: v }, pp, m), pp, v).unwrap();
+    let plain_frac = plain.bubble_units as f64 / plain.makespan as f64;
+    let inter_frac = inter.bubble_units as f64 / inter.makespan as f64;
+    assert!(inter_frac < plain_frac, "interleaved {inter_frac} vs 1F1B {plain_frac}");
+}
+
+#[test]
+fn collectives_are_correct_and_bit_identical_on_every_rank() {
+    let n = 4;
+    let ranks = in_process(n, Duration::from_secs(10));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let r = c.rank() as f32;
+                    let mut a = vec![0.1 * r, 1.0 + r, 1e-3];
+                    c.all_reduce(&mut a).unwrap();
+                    let mut g = vec![0.0; 2 * n];
+                    c.all_gather(&[r, -r], &mut g).unwrap();
+                    let full: Vec<f32> = (0..2 * n).map(|i| i as f32 + r).collect();
+                    let mut mine = vec![0.0; 2];
+                    c.reduce_scatter(&full, &mut mine).unwrap();
+                    let mut bc = vec![r; 3];
+                    c.broadcast(&mut bc, 2).unwrap();
+                    // a ring of send/recv
+                    let next = (c.rank() + 1) % n;
+                    let prev = (c.rank() + n - 1) % n;
+                    c.send(next, &[r]).unwrap();
+                    let mut got = [0.0];
+                    c.recv(prev, &mut got).unwrap();
+                    c.barrier().unwrap();
+                    (a, g, mine, bc, got[0])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (a, g, mine, bc, got)) in results.iter().enumerate() {
+        assert_eq!(a[1], 4.0 + 6.0);
+        assert!(
+            a.iter().zip(&results[0].0).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "identical on every rank"
+        );
+        assert_eq!(g, &vec![0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0]);
+        let base = (2 * rank) as f32;
+        assert_eq!(mine, &vec![4.0 * base + 6.0, 4.0 * (base + 1.0) + 6.0]);
+        assert_eq!(bc, &vec![2.0; 3]);
+        assert_eq!(*got, ((rank + n - 1) % n) as f32);
+    }
+}
+
+#[test]
+fn groups_split_from_the_rank_grid() {
+    let cfg = ParallelConfig::new(2, 2, 2, 1, 2); // 8 ranks, tp-dp-pp
+    let ranks = in_process(8, Duration::from_secs(10));
+    let out: Vec<(usize, usize, f32, f32)> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    let (tp, dp, pp) = cfg.coords(c.rank() as u32);
+                    // the TP group: same (dp, pp); the DP group: same (tp, pp)
+                    let tpg = c.split((dp + 2 * pp) as usize, tp as usize).unwrap();
+                    let dpg = c.split((tp + 2 * pp) as usize, dp as usize).unwrap();
+                    let mut x = [c.rank() as f32];
+                    tpg.all_reduce(&mut x).unwrap();
+                    let mut y = [c.rank() as f32];
+                    dpg.all_reduce(&mut y).unwrap();
+                    (tpg.size(), tpg.rank(), x[0], y[0])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (size, tp_rank, x, y)) in out.iter().enumerate() {
+        let (tp, dp, pp) = cfg.coords(rank as u32);
+        assert_eq!((*size, *tp_rank), (2, tp as usize));
+        // TP partners differ in the lowest bit (stride 1), DP partners by 2 (stride tp)
+        let t0 = cfg.rank(0, dp, pp) as f32;
+        assert_eq!(*x, 2.0 * t0 + 1.0);
+        let d0 = cfg.rank(tp, 0, pp) as f32;
+        assert_eq!(*y, 2.0 * d0 + 2.0);
+    }
+}
+
+#[test]
+fn a_failing_rank_ends_the_job_with_a_message_not_a_hang() {
+    let ranks = in_process(3, Duration::from_secs(2));
+    let t0 = Instant::now();
+    let errs: Vec<Option<String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| {
+                s.spawn(move || {
+                    if c.rank() == 1 {
+                        c.abort("out of memory in forward");
+                        return None;
+                    }
+                    let mut x = [1.0];
+                    c.all_reduce(&mut x).err().map(|e| e.0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        errs[0].as_ref().unwrap().contains("rank 1 aborted: out of memory"),
+        "{errs:?}"
+    );
+    assert!(errs[2].is_some());
+    // a rank that silently never arrives: the others time out
+    let ranks = in_process(2, Duration::from_millis(300));
+    let e = std::thread::scope(|s| {
+        let mut it = ranks.into_iter();
+        let a = it.next().unwrap();
+        let _b = it.next().unwrap(); // never calls
+        s.spawn(move || {
+            let mut x = [1.0];
+            a.all_reduce(&mut x).err().unwrap().0
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(e.contains("timed out") && e.contains("[1]"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
