@@ -10,6 +10,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod dp;
 pub mod hf;
 pub mod kernels;
 pub mod model;

@@ -334,3 +334,54 @@ fn validation_loss_falls_below_the_unigram_entropy() {
         "val {val} vs unigram entropy {unigram} (start {start})"
     );
 }
+
+#[test]
+fn data_parallel_over_in_process_ranks_trains_what_one_process_trains() {
+    use exatrain_parallel::comm::in_process;
+    let dir = tmp("dp");
+    let d = dataset(&dir, 30_000, 300);
+    let c = TrainConfig { steps: 4, ..cfg(4) }; // micro-batch 4, global batch 8
+    let mut single = Trainer::new(spec(300, 32), c.clone(), &d, &dir.join("single")).unwrap();
+    let want: Vec<f64> = (0..4).map(|_| single.train_step().unwrap().loss).collect();
+    for (dp, mb, zero) in [(2usize, 4usize, 0u8), (2, 4, 1), (2, 2, 1), (4, 2, 0), (4, 1, 1)] {
+        let ranks = in_process(dp, std::time::Duration::from_secs(30));
+        let c2 = TrainConfig {
+            micro_batch: mb,
+            ..c.clone()
+        };
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .into_iter()
+                .map(|comm| {
+                    let (c2, d) = (c2.clone(), d.clone());
+                    s.spawn(move || exatrain_train::dp::train(&spec(300, 32), &c2, &d, &comm, zero).unwrap())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &results {
+            for (a, b) in r.losses.iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs(),
+                    "dp {dp} mb {mb} zero {zero}: {:?} vs {want:?}",
+                    r.losses
+                );
+            }
+            let worst = r
+                .params
+                .iter()
+                .zip(&single.model.params)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "dp {dp} zero {zero}: final parameters differ by {worst}");
+            assert_eq!(r.params, results[0].params, "every rank holds the same parameters");
+        }
+        if zero == 1 {
+            let full = single.opt.m.len() * 8;
+            assert!(
+                results[0].optimizer_bytes <= full / dp + 8 * dp,
+                "ZeRO-1 shards the Adam state"
+            );
+        }
+    }
+}
