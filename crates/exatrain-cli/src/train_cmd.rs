@@ -55,6 +55,12 @@ pub struct TrainArgs {
     /// One JSON line per step on stdout instead of the progress bar.
     #[arg(long)]
     pub json: bool,
+    /// Run N data-parallel in-process ranks (threads) instead of one process.
+    #[arg(long, default_value_t = 1)]
+    pub ranks: usize,
+    /// ZeRO stage for --ranks > 1: 0 (replicated optimizer) or 1 (sharded optimizer state).
+    #[arg(long, default_value_t = 0)]
+    pub zero: u8,
 }
 
 fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
@@ -88,27 +94,96 @@ fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
     Ok(dir)
 }
 
+fn config(a: &TrainArgs) -> TrainConfig {
+    TrainConfig {
+        steps: a.steps,
+        micro_batch: a.micro_batch,
+        global_batch: a.global_batch,
+        lr: a.lr,
+        min_lr: a.min_lr,
+        warmup: a.warmup,
+        weight_decay: a.weight_decay,
+        grad_clip: a.grad_clip,
+        eval_every: a.eval_every,
+        eval_batches: 8,
+        ckpt_every: a.ckpt_every,
+        seed: a.seed,
+        sample_prompt: a.prompt.clone(),
+        sample_tokens: 40,
+    }
+}
+
+/// `--ranks N`: data parallelism over in-process ranks; prints one JSON line per step.
+fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
+    if a.resume.is_some() {
+        return Err(SpecError::new("--resume is not supported with --ranks > 1 yet"));
+    }
+    let spec = load::model(&a.model)?;
+    let cfg = config(a);
+    cfg.check()?;
+    if cfg.global_batch % (cfg.micro_batch * a.ranks) != 0 {
+        return Err(SpecError::new(format!(
+            "--global-batch {} is not divisible by --micro-batch {} × --ranks {}",
+            cfg.global_batch, cfg.micro_batch, a.ranks
+        )));
+    }
+    let dir = data_dir(a, spec.vocab)?;
+    let comms = exatrain_parallel::comm::in_process(a.ranks, std::time::Duration::from_secs(30));
+    let t0 = std::time::Instant::now();
+    let results: Vec<Result<exatrain_train::dp::DpResult, SpecError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (spec, cfg, dir) = (&spec, &cfg, &dir);
+                s.spawn(move || {
+                    let r = exatrain_train::dp::train(spec, cfg, dir, &comm, a.zero);
+                    if let Err(e) = &r {
+                        use exatrain_parallel::comm::Communicator;
+                        comm.abort(&e.0);
+                    }
+                    r
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    let mut first = None;
+    for r in results {
+        let r = r?;
+        first.get_or_insert(r);
+    }
+    let r = first.expect("at least one rank");
+    let seconds = t0.elapsed().as_secs_f64();
+    for (i, l) in r.losses.iter().enumerate() {
+        println!(
+            "{}",
+            serde_json::json!({"step": i + 1, "loss": l, "ranks": a.ranks, "zero": a.zero})
+        );
+    }
+    eprintln!(
+        "{} data-parallel ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s); optimizer state per rank {:.1} MiB",
+        a.ranks,
+        a.zero,
+        r.losses.len(),
+        seconds,
+        (cfg.global_batch * spec.seq_len as usize * r.losses.len()) as f64 / seconds,
+        r.optimizer_bytes as f64 / 1048576.0
+    );
+    Ok(())
+}
+
 pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
+    if a.ranks == 0 {
+        return Err(SpecError::new("--ranks must be a positive integer"));
+    }
+    if a.ranks > 1 {
+        return run_data_parallel(&a);
+    }
     let mut trainer = match &a.resume {
         Some(r) => Trainer::resume(r, Some(a.steps))?,
         None => {
             let spec = load::model(&a.model)?;
-            let cfg = TrainConfig {
-                steps: a.steps,
-                micro_batch: a.micro_batch,
-                global_batch: a.global_batch,
-                lr: a.lr,
-                min_lr: a.min_lr,
-                warmup: a.warmup,
-                weight_decay: a.weight_decay,
-                grad_clip: a.grad_clip,
-                eval_every: a.eval_every,
-                eval_batches: 8,
-                ckpt_every: a.ckpt_every,
-                seed: a.seed,
-                sample_prompt: a.prompt.clone(),
-                sample_tokens: 40,
-            };
+            let cfg = config(&a);
             cfg.check()?;
             let dir = data_dir(&a, spec.vocab)?;
             Trainer::new(spec, cfg, &dir, &a.out)?

@@ -272,6 +272,35 @@ fn train_sample_and_export_hf_end_to_end() {
     let o = exatrain(&["train", "--resume", out.to_str().unwrap(), "--steps", "4", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 1);
+    // data parallel over 2 in-process ranks trains what one process trains
+    let o = exatrain(&[
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--ranks",
+        "2",
+        "--zero",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dp: Vec<serde_json::Value> = String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dp.len(), 3);
+    for (x, y) in dp.iter().zip(&lines) {
+        let (a, b) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
+        assert!((a - b).abs() < 1e-5 * b, "dp loss {a} vs single {b}");
+    }
     let o = exatrain(&["train", "--model", "llama3-8b", "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 blocks only"));
