@@ -287,6 +287,15 @@ fn resume(a: TuneArgs, dir: PathBuf) -> Result<(), SpecError> {
     black_box_search(&a, &meta, Some(store), history)
 }
 
+/// `--out DIR`: the result as `DIR/tune.json`, written atomically.
+fn write_result(a: &TuneArgs, out: &serde_json::Value) -> Result<(), SpecError> {
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
+        exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
+    }
+    Ok(())
+}
+
 fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_list: &[u32]) -> Result<(), SpecError> {
     if gpu_list.len() > 1 {
         let s = space_spec(a, gpu_list[0])?;
@@ -303,10 +312,7 @@ fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_li
             })).collect::<Vec<_>>(),
             "pareto": front,
         });
-        if let Some(dir) = &a.out {
-            std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
-            exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
-        }
+        write_result(a, &out)?;
         if a.json {
             println!("{out}");
             return Ok(());
@@ -363,10 +369,7 @@ fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_li
         "seconds": dt,
         "best": r.best.iter().map(|x| row(x, None)).collect::<Vec<_>>(),
     });
-    if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: {e}", dir.display())))?;
-        exatrain_tune::store::write_atomic(&dir.join("tune.json"), out.to_string().as_bytes())?;
-    }
+    write_result(a, &out)?;
     if a.json {
         println!("{out}");
         return Ok(());

@@ -9,43 +9,8 @@ use exatrain_spec::{presets, Dtype, ParallelConfig};
 use exatrain_train::model::{Gpt, GptShape};
 use exatrain_train::optim::{clip_grad_norm, AdamW, AdamWConfig};
 
-fn sgemm_gflops(n: usize) -> f64 {
-    let a = vec![1.0f32; n * n];
-    let b = vec![1.0f32; n * n];
-    let mut c = vec![0.0f32; n * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..10 {
-        let t0 = Instant::now();
-        // the same parallel split the kernels use: 64-row blocks over rayon
-        use rayon::prelude::*;
-        c.par_chunks_mut(64 * n).enumerate().for_each(|(blk, cb)| {
-            let rows = cb.len() / n;
-            unsafe {
-                matrixmultiply::sgemm(
-                    rows,
-                    n,
-                    n,
-                    1.0,
-                    a.as_ptr().add(blk * 64 * n),
-                    n as isize,
-                    1,
-                    b.as_ptr(),
-                    n as isize,
-                    1,
-                    0.0,
-                    cb.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
-        });
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    2.0 * (n as f64).powi(3) / best / 1e9
-}
-
 fn main() {
-    let peak = sgemm_gflops(1024);
+    let peak = exatrain_train::train::measure_peak() / 1e9;
     let spec = presets::model("bench").unwrap();
     let shape = GptShape::from_spec(&spec).unwrap();
     let (b, t) = (8usize, 256usize);
