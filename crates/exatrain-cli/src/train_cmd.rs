@@ -58,9 +58,13 @@ pub struct TrainArgs {
     /// Run N data-parallel in-process ranks (threads) instead of one process.
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
-    /// ZeRO stage for --ranks > 1: 0 (replicated optimizer) or 1 (sharded optimizer state).
+    /// ZeRO stage for --ranks > 1 or --mpi: 0 (replicated optimizer) or 1 (sharded optimizer state).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
+    /// Data parallelism over the MPI ranks of this job (`mpirun -n N exatrain train --mpi`);
+    /// needs a build with `--features mpi`.
+    #[arg(long)]
+    pub mpi: bool,
 }
 
 fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
@@ -172,7 +176,67 @@ fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// `--mpi`: one data-parallel rank per MPI process; rank 0 prepares the data and prints.
+#[cfg(feature = "mpi")]
+fn run_mpi(a: &TrainArgs) -> Result<(), SpecError> {
+    use exatrain_parallel::comm::Communicator;
+    let (_universe, comm) = exatrain_parallel::mpi_comm::Mpi::world().map_err(|e| SpecError::new(e.0))?;
+    let spec = load::model(&a.model)?;
+    let cfg = config(a);
+    cfg.check()?;
+    // Rank 0 tokenizes (once); the others wait for it, then open the same folder.
+    let dir = if comm.rank() == 0 {
+        let d = data_dir(a, spec.vocab);
+        if let Err(e) = &d {
+            comm.abort(&e.0);
+        }
+        d?
+    } else {
+        match &a.data {
+            Some(p) if p.is_dir() => p.clone(),
+            _ => a.out.join("data"),
+        }
+    };
+    comm.barrier().map_err(|e| SpecError::new(e.0))?;
+    let t0 = std::time::Instant::now();
+    let r = match exatrain_train::dp::train(&spec, &cfg, &dir, &comm, a.zero) {
+        Ok(r) => r,
+        Err(e) => {
+            comm.abort(&e.0);
+            return Err(e);
+        }
+    };
+    if comm.rank() == 0 {
+        let seconds = t0.elapsed().as_secs_f64();
+        for (i, l) in r.losses.iter().enumerate() {
+            println!(
+                "{}",
+                serde_json::json!({"step": i + 1, "loss": l, "ranks": comm.size(), "zero": a.zero})
+            );
+        }
+        eprintln!(
+            "{} MPI ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s)",
+            comm.size(),
+            a.zero,
+            r.losses.len(),
+            seconds,
+            (cfg.global_batch * spec.seq_len as usize * r.losses.len()) as f64 / seconds
+        );
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_a: &TrainArgs) -> Result<(), SpecError> {
+    Err(SpecError::new(
+        "--mpi: this exatrain was built without MPI (build with `cargo build --release --features mpi`; needs libopenmpi-dev and libclang-dev)",
+    ))
+}
+
 pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
+    if a.mpi {
+        return run_mpi(&a);
+    }
     if a.ranks == 0 {
         return Err(SpecError::new("--ranks must be a positive integer"));
     }

@@ -1,6 +1,6 @@
 //! Communicators: the collectives the trainer needs behind one trait, and in-process ranks
-//! (threads) that implement it for tests and single-machine runs. (The MPI implementation over
-//! `rsmpi` is the next step; it implements the same trait.)
+//! (threads) that implement it for tests and single-machine runs; the MPI implementation
+//! (`mpi_comm`, feature `mpi`) implements the same trait.
 //!
 //! Every collective is deterministic: contributions are combined in rank order, so each rank
 //! gets bit-identical results, run after run. A rank that fails calls [`Communicator::abort`],
@@ -25,7 +25,7 @@ impl std::fmt::Display for CommError {
 impl std::error::Error for CommError {}
 
 /// The collectives of data, tensor and pipeline parallelism over f32 buffers.
-pub trait Communicator: Send {
+pub trait Communicator {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// Every rank ends with the elementwise sum of all ranks' `buf`.

@@ -1,0 +1,91 @@
+//! Data parallelism over real MPI ranks (`mpirun`), when built with `--features mpi`
+//! (.ci/run does; it installs Open MPI). Without the feature this file has no tests.
+#![cfg(feature = "mpi")]
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_exatrain")
+}
+
+fn mpirun(n: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .args(["-n", &n.to_string(), "--oversubscribe", "--allow-run-as-root", exe()])
+        .args(args)
+        .output()
+        .expect("mpirun is installed with the mpi feature (.ci/run installs openmpi-bin)")
+}
+
+fn losses(o: &Output) -> Vec<f64> {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn mpi_data_parallel_trains_what_one_process_trains() {
+    let dir = std::env::temp_dir().join(format!("exatrain-mpi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let (m, o) = (model.to_str().unwrap(), out.to_str().unwrap());
+    let common = [
+        "--model",
+        m,
+        "--steps",
+        "3",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "8",
+        "--out",
+        o,
+    ];
+    let single = losses(
+        &Command::new(exe())
+            .arg("train")
+            .args(common)
+            .arg("--json")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(single.len(), 3);
+    for (n, zero) in [(2usize, "0"), (4, "1")] {
+        let mut args = vec!["train", "--mpi", "--zero", zero];
+        args.extend(common);
+        let got = losses(&mpirun(n, &args));
+        assert_eq!(got.len(), 3, "{n} ranks");
+        for (a, b) in got.iter().zip(&single) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b,
+                "{n} ranks, ZeRO-{zero}: {got:?} vs {single:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_failing_rank_ends_the_mpi_job_with_a_message() {
+    let t0 = Instant::now();
+    let o = mpirun(
+        2,
+        &["train", "--mpi", "--data", "/nonexistent/corpus.txt", "--steps", "1"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no such file"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
