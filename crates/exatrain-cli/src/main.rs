@@ -1,6 +1,7 @@
 //! `exatrain`: plan, validate and tune parallel layouts for training large language models.
 
 mod args;
+mod calibrate_cmd;
 mod plan_cmd;
 mod study_cmd;
 mod table;
@@ -37,6 +38,8 @@ enum Command {
     Sample(train_cmd::SampleArgs),
     /// Write a checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
     ExportHf(train_cmd::ExportHfArgs),
+    /// Measure this machine (GEMM curve, memory bandwidth) and write it as a cluster TOML.
+    Calibrate(calibrate_cmd::CalibrateArgs),
 }
 
 fn main() {
@@ -63,6 +66,7 @@ fn main() {
         Command::Train(a) => train_cmd::run_train(a),
         Command::Sample(a) => train_cmd::run_sample(a),
         Command::ExportHf(a) => train_cmd::run_export_hf(a),
+        Command::Calibrate(a) => calibrate_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

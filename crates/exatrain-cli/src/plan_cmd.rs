@@ -89,11 +89,22 @@ pub fn print_human(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfi
         println!("  {k:<12} {:>12}  {}", secs(v), pct(v, p.step_time_s));
     }
     println!(
-        "\nthroughput: {:.0} tokens/s | {:.1} model TFLOP/s per device (MFU {:.1} %) | {:.1} hardware TFLOP/s (HFU {:.1} %)",
+        "\nthroughput: {:.0} tokens/s | {} model TFLOP/s per device (MFU {:.1} %) | {} hardware TFLOP/s (HFU {:.1} %)",
         p.tokens_per_s,
-        p.tflops_per_gpu,
+        tflops(p.tflops_per_gpu),
         100.0 * p.mfu,
-        p.hfu_tflops_per_gpu,
+        tflops(p.hfu_tflops_per_gpu),
         100.0 * p.hfu
     );
+}
+
+/// Three significant digits, so a CPU's 0.113 TFLOP/s does not print as 0.1.
+fn tflops(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 1.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
 }

@@ -305,3 +305,34 @@ fn train_sample_and_export_hf_end_to_end() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 blocks only"));
 }
+
+#[test]
+fn calibrate_writes_a_cluster_that_plan_reads() {
+    let f = std::env::temp_dir().join(format!("exatrain-local-{}.toml", std::process::id()));
+    let o = exatrain(&["calibrate", "--quick", "--out", f.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&[
+        "plan",
+        "--json",
+        "--cluster",
+        f.to_str().unwrap(),
+        "--model",
+        "bench",
+        "--gpus",
+        "1",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--micro-batch",
+        "8",
+        "--global-batch",
+        "8",
+        "--dtype",
+        "fp32",
+        "--zero",
+        "0",
+    ]);
+    assert_eq!(v["cluster"], "local");
+    assert!(v["step_time_s"].as_f64().unwrap() > 0.0 && v["fits"] == true);
+}

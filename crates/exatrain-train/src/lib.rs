@@ -8,6 +8,7 @@
 //! The model reads the planner's [`ModelSpec`](exatrain_spec::ModelSpec), so the planner's memory
 //! categories (weights, grads, optimizer, activations) can be compared with the bytes held here.
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
 pub mod dp;

@@ -283,3 +283,28 @@ fn schedule_and_clipping() {
     assert_eq!(clip_grad_norm(&mut g, 1.0), 5.0);
     assert!((g[0] - 0.6).abs() < 1e-6 && (g[1] - 0.8).abs() < 1e-6);
 }
+
+#[test]
+fn calibration_fit_recovers_a_known_gemm_curve() {
+    use exatrain_spec::GemmEfficiency;
+    use exatrain_train::calibrate::{fit_gemm, GemmPoint, SHAPES};
+    let truth = GemmEfficiency {
+        max_efficiency: 0.8,
+        half_size: 120.0,
+    };
+    let peak = 200.0;
+    let points: Vec<GemmPoint> = SHAPES
+        .iter()
+        .map(|&(m, n, k)| GemmPoint {
+            m,
+            n,
+            k,
+            gflops: peak * truth.efficiency(m as f64, n as f64, k as f64),
+        })
+        .collect();
+    let fit = fit_gemm(&points, peak);
+    assert!(
+        (fit.max_efficiency - 0.8).abs() < 0.006 && (fit.half_size - 120.0).abs() <= 5.0,
+        "{fit:?}"
+    );
+}
