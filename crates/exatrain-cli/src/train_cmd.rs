@@ -20,27 +20,37 @@ pub struct TrainArgs {
     /// A text file to tokenize, or a folder made from one [default: the bundled public-domain corpus].
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Optimizer steps (with --resume: the total to reach).
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
+    /// Sequences per forward/backward.
     #[arg(long, default_value_t = 8)]
     pub micro_batch: usize,
     /// Sequences per optimizer step (gradient accumulation = global / micro).
     #[arg(long, default_value_t = 16)]
     pub global_batch: usize,
+    /// Peak learning rate (after warmup; cosine decay to --min-lr).
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
+    /// Final learning rate.
     #[arg(long, default_value_t = 1e-4)]
     pub min_lr: f64,
+    /// Linear warmup steps.
     #[arg(long, default_value_t = 20)]
     pub warmup: u64,
+    /// AdamW decoupled weight decay (on weight matrices and the embedding, not on biases, norms, positions).
     #[arg(long, default_value_t = 0.1)]
     pub weight_decay: f64,
+    /// Clip gradients to this global L2 norm.
     #[arg(long, default_value_t = 1.0)]
     pub grad_clip: f64,
+    /// Validation loss and a sample every this many steps.
     #[arg(long, default_value_t = 50)]
     pub eval_every: u64,
+    /// Checkpoint every this many steps (and at the end).
     #[arg(long, default_value_t = 100)]
     pub ckpt_every: u64,
+    /// Seeds the initialization and the data sampler.
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
     /// Prompt for the samples printed at each evaluation.
