@@ -295,3 +295,86 @@ impl Communicator for InProcess {
         self.hub.cv.notify_all();
     }
 }
+
+/// Bytes and seconds a [`Metered`] communicator recorded.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Meter {
+    /// Bytes this rank sends, by the ring algorithm's count: an all-reduce of M bytes over n
+    /// ranks sends 2(n−1)/n·M, a reduce-scatter or all-gather of a full buffer M sends (n−1)/n·M,
+    /// a send sends M (the planner's `comm_bytes` counts the same way).
+    pub bytes: f64,
+    pub seconds: f64,
+    pub calls: u64,
+}
+
+/// A communicator that records what passes through it.
+pub struct Metered<'a> {
+    inner: &'a dyn Communicator,
+    meter: std::cell::Cell<Meter>,
+}
+
+impl<'a> Metered<'a> {
+    pub fn new(inner: &'a dyn Communicator) -> Self {
+        Metered {
+            inner,
+            meter: std::cell::Cell::new(Meter::default()),
+        }
+    }
+
+    /// What was recorded since the last call, and reset.
+    pub fn take(&self) -> Meter {
+        self.meter.replace(Meter::default())
+    }
+
+    fn record<T>(&self, bytes: f64, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let r = f();
+        let mut m = self.meter.get();
+        m.bytes += bytes;
+        m.seconds += t0.elapsed().as_secs_f64();
+        m.calls += 1;
+        self.meter.set(m);
+        r
+    }
+
+    fn ring(&self, len: usize) -> f64 {
+        let n = self.inner.size() as f64;
+        (n - 1.0) / n * (len * 4) as f64
+    }
+}
+
+impl Communicator for Metered<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        self.record(2.0 * self.ring(buf.len()), || self.inner.all_reduce(buf))
+    }
+    fn all_gather(&self, mine: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        self.record(self.ring(out.len()), || self.inner.all_gather(mine, out))
+    }
+    fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError> {
+        self.record(self.ring(full.len()), || self.inner.reduce_scatter(full, mine))
+    }
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
+        self.record(self.ring(buf.len()), || self.inner.broadcast(buf, root))
+    }
+    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError> {
+        self.record((buf.len() * 4) as f64, || self.inner.send(to, buf))
+    }
+    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError> {
+        self.record(0.0, || self.inner.recv(from, buf))
+    }
+    fn barrier(&self) -> Result<(), CommError> {
+        self.record(0.0, || self.inner.barrier())
+    }
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError> {
+        self.inner.split(color, key)
+    }
+    fn abort(&self, why: &str) {
+        self.inner.abort(why)
+    }
+}

@@ -5,7 +5,7 @@
 //! of the parameters with its slice of the Adam moments, and the parameters are all-gathered.
 //! Gradient clipping uses the global norm across all ranks.
 
-use exatrain_parallel::comm::Communicator;
+use exatrain_parallel::comm::{Communicator, Metered};
 use exatrain_spec::{ModelSpec, SpecError};
 
 use crate::data::{self, Dataset};
@@ -21,6 +21,13 @@ pub struct DpResult {
     pub params: Vec<f32>,
     /// Bytes of optimizer state this rank held.
     pub optimizer_bytes: usize,
+    /// Per step: bytes this rank sent in the gradient/parameter collectives (ring count of the
+    /// buffers passed, ZeRO-1's shard padding included) — the planner's `comm_bytes.dp`.
+    pub dp_bytes_per_step: f64,
+    /// Seconds in those collectives, all steps.
+    pub dp_seconds: f64,
+    /// Seconds of forward + backward + update, all steps.
+    pub compute_seconds: f64,
 }
 
 fn comm_err(e: exatrain_parallel::comm::CommError) -> SpecError {
@@ -86,7 +93,10 @@ pub fn train(
     let mut losses = Vec::new();
     let mut padded = vec![0.0f32; shard * dp];
     let mut mine = vec![0.0f32; shard];
+    let metered = Metered::new(comm);
+    let (mut dp_bytes, mut dp_seconds, mut compute_seconds) = (0.0, 0.0, 0.0);
     for step in 0..cfg.steps {
+        let t_compute = std::time::Instant::now();
         model.zero_grad();
         let mut loss = 0.0f64;
         // This rank's share of the step's sequences: first + rank·per_rank ..
@@ -104,17 +114,18 @@ pub fn train(
             loss += model.forward(&tokens, &targets, cfg.micro_batch, t) as f64 / (accum * dp) as f64;
             model.backward(1.0 / (accum * dp) as f32);
         }
+        compute_seconds += t_compute.elapsed().as_secs_f64();
         let mut l = [loss as f32];
         comm.all_reduce(&mut l).map_err(comm_err)?;
         losses.push(l[0] as f64);
         let lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
         if zero == 0 {
-            comm.all_reduce(&mut model.grads).map_err(comm_err)?;
+            metered.all_reduce(&mut model.grads).map_err(comm_err)?;
             crate::optim::clip_grad_norm(&mut model.grads, cfg.grad_clip);
             opt.update(&mut model.params, &model.grads, lr);
         } else {
             padded[..n].copy_from_slice(&model.grads);
-            comm.reduce_scatter(&padded, &mut mine).map_err(comm_err)?;
+            metered.reduce_scatter(&padded, &mut mine).map_err(comm_err)?;
             let len = hi - lo;
             let mut sq = [mine[..len].iter().map(|g| (*g as f64) * (*g as f64)).sum::<f64>() as f32];
             comm.all_reduce(&mut sq).map_err(comm_err)?;
@@ -127,13 +138,19 @@ pub fn train(
             let mut out = vec![0.0f32; shard * dp];
             let mut send = vec![0.0f32; shard];
             send[..len].copy_from_slice(&model.params[lo..hi]);
-            comm.all_gather(&send, &mut out).map_err(comm_err)?;
+            metered.all_gather(&send, &mut out).map_err(comm_err)?;
             model.params.copy_from_slice(&out[..n]);
         }
+        let m = metered.take();
+        dp_bytes += m.bytes;
+        dp_seconds += m.seconds;
     }
     Ok(DpResult {
         losses,
         params: model.params,
         optimizer_bytes: (opt.m.len() + opt.v.len()) * 4,
+        dp_bytes_per_step: dp_bytes / cfg.steps as f64,
+        dp_seconds,
+        compute_seconds,
     })
 }

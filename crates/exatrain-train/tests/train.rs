@@ -383,5 +383,29 @@ fn data_parallel_over_in_process_ranks_trains_what_one_process_trains() {
                 "ZeRO-1 shards the Adam state"
             );
         }
+        // The bytes the DP collectives moved per step, against the planner for the same layout.
+        let m = spec(300, 32);
+        let layout = exatrain_spec::ParallelConfig {
+            zero,
+            dtype: exatrain_spec::Dtype::Fp32,
+            ..exatrain_spec::ParallelConfig::new(1, 1, dp as u32, mb as u32, c2.global_batch as u32)
+        };
+        let planned = exatrain_cost::plan(&m, &exatrain_spec::presets::cluster("frontier").unwrap(), &layout).unwrap();
+        let measured = results[0].dp_bytes_per_step;
+        let padding = 2.0 * 4.0 * dp as f64; // ZeRO-1 pads the buffer to dp equal shards
+        if zero == 0 {
+            assert!(
+                (measured - planned.comm_bytes.dp).abs() <= 1e-9 * measured,
+                "dp {dp}: {measured} vs planned {}",
+                planned.comm_bytes.dp
+            );
+        } else {
+            assert!(
+                (measured - planned.comm_bytes.dp).abs() <= padding,
+                "dp {dp} ZeRO-1: {measured} vs planned {}",
+                planned.comm_bytes.dp
+            );
+        }
+        assert!(results[0].dp_seconds > 0.0 && results[0].compute_seconds > 0.0);
     }
 }
