@@ -47,9 +47,12 @@ impl Model {
     }
 }
 
-/// GP length scales per feature of [`features`]: one doubling of a size, one ZeRO stage, one
-/// recompute level, a switch, a rank-order position each count about as one unit.
-const LENGTHS: [f64; 13] = [1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0];
+/// GP length scales per feature of [`features`] (starting points for the marginal-likelihood fit):
+/// one doubling of a size, one ZeRO stage, one recompute level, a switch, a rank-order position
+/// each count about as one unit; the bubble fraction varies on a scale of ~0.3.
+const LENGTHS: [f64; 18] = [
+    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5,
+];
 use crate::store::Trial;
 
 /// Which search.
@@ -119,6 +122,23 @@ pub fn features(c: &ParallelConfig) -> Vec<f64> {
         pos(Dim::Tp),
         pos(Dim::Dp),
         pos(Dim::Pp),
+        // Derived from the layout alone (no cost model): what a practitioner knows matters.
+        // Pipeline bubble fraction (p − 1)/(v·m):
+        (c.pp as f64 - 1.0) / (c.virtual_stages as f64 * c.microbatches() as f64),
+        // how many ways the weights and the optimizer state are split:
+        l2(c.tp * c.pp) + if c.zero >= 3 { l2(c.dp) } else { 0.0 },
+        l2(c.tp * c.pp) + if c.zero >= 1 { l2(c.dp) } else { 0.0 },
+        // activation pressure: micro-batch, TP/SP sharding, recomputation, microbatches in flight
+        l2(c.micro_batch)
+            - l2(c.tp) * if c.sequence_parallel { 1.0 } else { 0.7 }
+            - match (c.recompute, c.flash_attention) {
+                (exatrain_spec::Recompute::Full, _) => 3.0,
+                (exatrain_spec::Recompute::Selective, _) | (_, true) => 1.0,
+                _ => 0.0,
+            }
+            + l2(c.microbatches().min(c.pp))
+            - l2(c.pp),
+        l2(c.microbatches()),
     ]
 }
 
