@@ -71,6 +71,10 @@ pub struct TrainArgs {
     /// ZeRO stage for --ranks > 1 or --mpi: 0 (replicated optimizer) or 1 (sharded optimizer state).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
+    /// With --ranks/--mpi: write the measured per-rank breakdown (and the planner's numbers for
+    /// the same layout, with the planner's names) to this JSON file.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
     /// Data parallelism over the MPI ranks of this job (`mpirun -n N exatrain train --mpi`);
     /// needs a build with `--features mpi`.
     #[arg(long)]
@@ -127,6 +131,41 @@ fn config(a: &TrainArgs) -> TrainConfig {
     }
 }
 
+/// The measured breakdown of a data-parallel run beside the planner's prediction for the layout.
+fn dp_report(
+    spec: &exatrain_spec::ModelSpec,
+    cfg: &TrainConfig,
+    zero: u8,
+    results: &[exatrain_train::dp::DpResult],
+) -> Result<serde_json::Value, SpecError> {
+    let dp = results.len() as u32;
+    let layout = exatrain_spec::ParallelConfig {
+        zero,
+        dtype: exatrain_spec::Dtype::Fp32,
+        ..exatrain_spec::ParallelConfig::new(1, 1, dp, cfg.micro_batch as u32, cfg.global_batch as u32)
+    };
+    let cluster = exatrain_spec::presets::cluster("frontier")?; // bytes do not depend on the machine
+    let planned = exatrain_cost::plan(spec, &cluster, &layout)?;
+    let steps = cfg.steps as f64;
+    let ranks: Vec<serde_json::Value> = results
+        .iter()
+        .enumerate()
+        .map(|(r, x)| {
+            serde_json::json!({
+                "rank": r,
+                "time_s": {"compute": x.compute_seconds / steps, "dp_comm": x.dp_seconds / steps},
+                "comm_bytes": {"dp": x.dp_bytes_per_step},
+                "memory_bytes": {"weights": x.params.len() * 4, "optimizer": x.optimizer_bytes},
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "layout": layout,
+        "ranks": ranks,
+        "planned": {"comm_bytes": planned.comm_bytes, "memory_bytes": {"weights": planned.memory_bytes.weights, "optimizer": planned.memory_bytes.optimizer}},
+    }))
+}
+
 /// `--ranks N`: data parallelism over in-process ranks; prints one JSON line per step.
 fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
     if a.resume.is_some() {
@@ -161,12 +200,12 @@ fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
-    let mut first = None;
-    for r in results {
-        let r = r?;
-        first.get_or_insert(r);
+    let results: Vec<exatrain_train::dp::DpResult> = results.into_iter().collect::<Result<_, _>>()?;
+    if let Some(path) = &a.report {
+        let rep = dp_report(&spec, &cfg, a.zero, &results)?;
+        exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(&rep).expect("json").as_bytes())?;
     }
-    let r = first.expect("at least one rank");
+    let r = &results[0];
     let seconds = t0.elapsed().as_secs_f64();
     for (i, l) in r.losses.iter().enumerate() {
         println!(

@@ -273,6 +273,7 @@ fn train_sample_and_export_hf_end_to_end() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 1);
     // data parallel over 2 in-process ranks trains what one process trains
+    let report = dir.join("report.json");
     let o = exatrain(&[
         "train",
         "--model",
@@ -289,6 +290,8 @@ fn train_sample_and_export_hf_end_to_end() {
         "1",
         "--out",
         out.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let dp: Vec<serde_json::Value> = String::from_utf8(o.stdout)
@@ -301,6 +304,14 @@ fn train_sample_and_export_hf_end_to_end() {
         let (a, b) = (x["loss"].as_f64().unwrap(), y["loss"].as_f64().unwrap());
         assert!((a - b).abs() < 1e-5 * b, "dp loss {a} vs single {b}");
     }
+    let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(rep["ranks"].as_array().unwrap().len(), 2);
+    let measured = rep["ranks"][0]["comm_bytes"]["dp"].as_f64().unwrap();
+    let planned = rep["planned"]["comm_bytes"]["dp"].as_f64().unwrap();
+    assert!(
+        (measured - planned).abs() <= 16.0,
+        "dp bytes {measured} vs planned {planned}"
+    );
     let o = exatrain(&["train", "--model", "llama3-8b", "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 blocks only"));
