@@ -254,6 +254,56 @@ impl ActLayout {
     }
 }
 
+/// The backward workspace for one (B, T): the head's gradients, the residual stream's gradient
+/// (two buffers, ping-pong between blocks) and one block's activation gradients, reused by every
+/// block — only one block's are live at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GradLayout {
+    pub dlogits: Range<usize>,   // [N, Vp]
+    pub dlnf: Range<usize>,      // [N, C]
+    pub dres: [Range<usize>; 2], // [N, C] each
+    pub dln1: Range<usize>,      // [N, C]
+    pub dqkv: Range<usize>,      // [N, 3C]
+    pub datty: Range<usize>,     // [N, C]
+    pub dattproj: Range<usize>,  // [N, C]
+    pub dres2: Range<usize>,     // [N, C]
+    pub dln2: Range<usize>,      // [N, C]
+    pub dfch: Range<usize>,      // [N, F]
+    pub dfchg: Range<usize>,     // [N, F]
+    pub dfcproj: Range<usize>,   // [N, C]
+    pub total: usize,
+}
+
+impl GradLayout {
+    pub fn new(s: &GptShape, b: usize, t: usize) -> Self {
+        let (n, c, f) = (b * t, s.channels, s.ffn);
+        let mut k = Cursor(0);
+        let dlogits = k.take(n * s.padded_vocab);
+        let dlnf = k.take(n * c);
+        let dres = [k.take(n * c), k.take(n * c)];
+        GradLayout {
+            dlogits,
+            dlnf,
+            dres,
+            dln1: k.take(n * c),
+            dqkv: k.take(n * 3 * c),
+            datty: k.take(n * c),
+            dattproj: k.take(n * c),
+            dres2: k.take(n * c),
+            dln2: k.take(n * c),
+            dfch: k.take(n * f),
+            dfchg: k.take(n * f),
+            dfcproj: k.take(n * c),
+            total: k.0,
+        }
+    }
+
+    /// The range holding one block's scratch gradients (everything after the residual buffers).
+    fn block_scratch(&self) -> Range<usize> {
+        self.dln1.start..self.total
+    }
+}
+
 /// Disjoint mutable views of one buffer (panics on overlap: a layout bug, not input).
 fn parts<'a, R, const K: usize>(buf: &'a mut [R], ranges: [&Range<usize>; K]) -> [&'a mut [R]; K] {
     let mut order: Vec<usize> = (0..K).collect();
@@ -289,6 +339,7 @@ pub struct Gpt<R: Real> {
     acts: Vec<R>,
     dacts: Vec<R>,
     act_layout: Option<ActLayout>,
+    grad_layout: Option<GradLayout>,
     tokens: Vec<u32>,
     targets: Vec<u32>,
 }
@@ -337,6 +388,7 @@ impl<R: Real> Gpt<R> {
             acts: Vec::new(),
             dacts: Vec::new(),
             act_layout: None,
+            grad_layout: None,
             tokens: Vec::new(),
             targets: Vec::new(),
         }
@@ -347,8 +399,8 @@ impl<R: Real> Gpt<R> {
         self.acts.len() * std::mem::size_of::<R>()
     }
 
-    /// Bytes of the backward workspace: one gradient buffer per activation (llm.c's layout; the
-    /// planner does not count it, it is not kept across the step).
+    /// Bytes of the backward workspace: the head's and one block's activation gradients plus the
+    /// residual gradient (not kept across the step; the planner does not count it).
     pub fn workspace_bytes(&self) -> usize {
         self.dacts.len() * std::mem::size_of::<R>()
     }
@@ -356,9 +408,11 @@ impl<R: Real> Gpt<R> {
     fn ensure(&mut self, b: usize, t: usize) {
         if self.act_layout.as_ref().is_none_or(|l| l.b != b || l.t != t) {
             let l = ActLayout::new(&self.shape, b, t);
+            let gl = GradLayout::new(&self.shape, b, t);
             self.acts = vec![R::zero(); l.total];
-            self.dacts = vec![R::zero(); l.total];
+            self.dacts = vec![R::zero(); gl.total];
             self.act_layout = Some(l);
+            self.grad_layout = Some(gl);
         }
     }
 
@@ -457,12 +511,15 @@ impl<R: Real> Gpt<R> {
         let pl = &self.layout;
         let a = &self.acts;
         let g = &mut self.grads;
+        let gl = self.grad_layout.as_ref().expect("backward after forward");
         let d = &mut self.dacts;
         d.iter_mut().for_each(|x| *x = R::zero());
         let dloss = scale / R::of((b * t) as f64);
         let last = la.blocks[s.layers - 1].res3.clone();
+        // dres[cur] is the gradient of the residual stream at the current block's output.
+        let mut cur = 0;
         {
-            let [dlogits, dlnf, dx] = parts(d, [&la.logits, &la.lnf, &last]);
+            let [dlogits, dlnf, dx] = parts(d, [&gl.dlogits, &gl.dlnf, &gl.dres[cur]]);
             crossentropy_backward(
                 dlogits,
                 &a[la.probs.clone()],
@@ -501,20 +558,23 @@ impl<R: Real> Gpt<R> {
             } else {
                 la.blocks[l - 1].res3.clone()
             };
+            // this block's scratch and the input gradient start from zero (kernels accumulate)
+            d[gl.block_scratch()].iter_mut().for_each(|x| *x = R::zero());
+            d[gl.dres[1 - cur].clone()].iter_mut().for_each(|x| *x = R::zero());
             let [dln1, dqkv, datty, dattproj, dres2, dln2, dfch, dfchg, dfcproj, dres3, dx] = parts(
                 d,
                 [
-                    &ba.ln1,
-                    &ba.qkv,
-                    &ba.atty,
-                    &ba.attproj,
-                    &ba.res2,
-                    &ba.ln2,
-                    &ba.fch,
-                    &ba.fch_gelu,
-                    &ba.fcproj,
-                    &ba.res3,
-                    &input,
+                    &gl.dln1,
+                    &gl.dqkv,
+                    &gl.datty,
+                    &gl.dattproj,
+                    &gl.dres2,
+                    &gl.dln2,
+                    &gl.dfch,
+                    &gl.dfchg,
+                    &gl.dfcproj,
+                    &gl.dres[cur],
+                    &gl.dres[1 - cur],
                 ],
             );
             let [dln1w, dln1b, dqkvw, dqkvb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] = parts(
@@ -600,9 +660,10 @@ impl<R: Real> Gpt<R> {
                 &a[ba.ln1_rstd.clone()],
                 c,
             );
+            cur = 1 - cur;
         }
         let [dwte, dwpe] = parts(g, [&pl.wte, &pl.wpe]);
-        encoder_backward(dwte, dwpe, &d[la.encoded.clone()], &self.tokens, t, c);
+        encoder_backward(dwte, dwpe, &d[gl.dres[cur].clone()], &self.tokens, t, c);
     }
 
     pub fn zero_grad(&mut self) {
