@@ -220,27 +220,14 @@ pub struct ExportArgs {
     pub out: Option<PathBuf>,
 }
 
-const CONFIG_KEYS: [&str; 13] = [
-    "tp",
-    "pp",
-    "dp",
-    "micro_batch",
-    "global_batch",
-    "zero",
-    "recompute",
-    "sequence_parallel",
-    "virtual_stages",
-    "flash_attention",
-    "dtype",
-    "overlap_dp",
-    "order",
-];
-
+/// The layout fields of a result row (which also carries plan fields): exactly the keys a
+/// `ParallelConfig` serializes to.
 fn config_of(v: &serde_json::Value, origin: &str) -> Result<ParallelConfig, SpecError> {
+    let fields = serde_json::to_value(ParallelConfig::new(1, 1, 1, 1, 1)).expect("config serializes");
     let mut o = serde_json::Map::new();
-    for k in CONFIG_KEYS {
+    for k in fields.as_object().expect("object").keys() {
         if let Some(x) = v.get(k) {
-            o.insert(k.into(), x.clone());
+            o.insert(k.clone(), x.clone());
         }
     }
     serde_json::from_value(serde_json::Value::Object(o))
