@@ -207,11 +207,10 @@ fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
     }
     let r = &results[0];
     let seconds = t0.elapsed().as_secs_f64();
-    for (i, l) in r.losses.iter().enumerate() {
-        println!(
-            "{}",
-            serde_json::json!({"step": i + 1, "loss": l, "ranks": a.ranks, "zero": a.zero})
-        );
+    let tokens = (cfg.global_batch * spec.seq_len as usize) as f64;
+    for (i, (l, sec)) in r.losses.iter().zip(&r.step_seconds).enumerate() {
+        let line = serde_json::json!({"step": i + 1, "loss": l, "seconds": sec, "tokens_per_s": tokens / sec, "ranks": a.ranks, "zero": a.zero});
+        println!("{line}");
     }
     eprintln!(
         "{} data-parallel ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s); optimizer state per rank {:.1} MiB",
@@ -257,11 +256,10 @@ fn run_mpi(a: &TrainArgs) -> Result<(), SpecError> {
     };
     if comm.rank() == 0 {
         let seconds = t0.elapsed().as_secs_f64();
-        for (i, l) in r.losses.iter().enumerate() {
-            println!(
-                "{}",
-                serde_json::json!({"step": i + 1, "loss": l, "ranks": comm.size(), "zero": a.zero})
-            );
+        let tokens = (cfg.global_batch * spec.seq_len as usize) as f64;
+        for (i, (l, sec)) in r.losses.iter().zip(&r.step_seconds).enumerate() {
+            let line = serde_json::json!({"step": i + 1, "loss": l, "seconds": sec, "tokens_per_s": tokens / sec, "ranks": comm.size(), "zero": a.zero});
+            println!("{line}");
         }
         eprintln!(
             "{} MPI ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s)",

@@ -84,6 +84,12 @@ pub struct TuneArgs {
     /// Largest micro-batch considered.
     #[arg(long, default_value_t = 16)]
     pub max_micro_batch: u32,
+    /// Largest tensor-parallel size considered.
+    #[arg(long)]
+    pub max_tp: Option<u32>,
+    /// Largest pipeline-parallel size considered.
+    #[arg(long)]
+    pub max_pp: Option<u32>,
     /// ZeRO stages to consider (comma-separated).
     #[arg(long, default_value = "0,1,2,3")]
     pub zero: String,
@@ -204,6 +210,8 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     let mut s = SpaceSpec::new(gpus, 1);
     s.global_batches = parse_list(&a.global_batch, "global-batch", |x| positive(x, "global-batch"))?;
     s.max_micro_batch = a.max_micro_batch.max(1);
+    s.max_tp = a.max_tp.unwrap_or(u32::MAX).max(1);
+    s.max_pp = a.max_pp.unwrap_or(u32::MAX).max(1);
     s.zero = parse_list(&a.zero, "zero", |x| match x.parse::<u8>() {
         Ok(z) if z <= 3 => Ok(z),
         _ => Err(SpecError::new(format!(

@@ -234,3 +234,65 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
     assert_eq!(v["evaluated"], 12);
     assert!(v["best"][0]["measured"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
+    let work = tmp("trainer-eval");
+    let model = work.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let m = model.to_str().unwrap();
+    let cmd = format!(
+        "{} train --model {m} --ranks {{dp}} --zero {{zero}} --micro-batch {{micro_batch}} --global-batch {{global_batch}} --steps 2 --out {}/run{{trial}}",
+        env!("CARGO_BIN_EXE_exatrain"),
+        work.display()
+    );
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        m,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--max-tp",
+        "1",
+        "--max-pp",
+        "1",
+        "--zero",
+        "0,1",
+        "--recompute",
+        "none",
+        "--no-flash",
+        "--default-order",
+        "--strategy",
+        "random",
+        "--budget",
+        "2",
+        "--evaluator",
+        "command",
+        "--timeout",
+        "60",
+        "--eval-cmd",
+        &cmd,
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["evaluated"], 2);
+    assert_eq!(v["failed"], 0, "{v}");
+    for b in v["best"].as_array().unwrap() {
+        assert_eq!(
+            (b["tp"].as_u64(), b["pp"].as_u64()),
+            (Some(1), Some(1)),
+            "--max-tp/--max-pp bound the space"
+        );
+        assert!(
+            b["measured"].as_f64().unwrap() > 0.0,
+            "tokens/s read from the trainer's JSON lines"
+        );
+    }
+}

@@ -18,6 +18,8 @@ use crate::train::TrainConfig;
 pub struct DpResult {
     /// Mean training loss of each step (the same on every rank).
     pub losses: Vec<f64>,
+    /// Wall time of each step on this rank.
+    pub step_seconds: Vec<f64>,
     pub params: Vec<f32>,
     /// Bytes of optimizer state this rank held.
     pub optimizer_bytes: usize,
@@ -91,12 +93,14 @@ pub fn train(
     let accum = per_rank / cfg.micro_batch;
     let (mut tokens, mut targets) = (Vec::new(), Vec::new());
     let mut losses = Vec::new();
+    let mut step_seconds = Vec::new();
     let mut padded = vec![0.0f32; shard * dp];
     let mut mine = vec![0.0f32; shard];
     let metered = Metered::new(comm);
     let (mut dp_bytes, mut dp_seconds, mut compute_seconds) = (0.0, 0.0, 0.0);
     for step in 0..cfg.steps {
         let t_compute = std::time::Instant::now();
+        let t_step = t_compute;
         model.zero_grad();
         let mut loss = 0.0f64;
         // This rank's share of the step's sequences: first + rank·per_rank ..
@@ -144,9 +148,11 @@ pub fn train(
         let m = metered.take();
         dp_bytes += m.bytes;
         dp_seconds += m.seconds;
+        step_seconds.push(t_step.elapsed().as_secs_f64());
     }
     Ok(DpResult {
         losses,
+        step_seconds,
         params: model.params,
         optimizer_bytes: (opt.m.len() + opt.v.len()) * 4,
         dp_bytes_per_step: dp_bytes / cfg.steps as f64,

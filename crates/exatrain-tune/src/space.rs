@@ -17,6 +17,10 @@ pub struct SpaceSpec {
     pub global_batches: Vec<u32>,
     /// Largest micro-batch considered (all divisors of global_batch / dp up to this).
     pub max_micro_batch: u32,
+    /// Largest tensor- and pipeline-parallel sizes considered (e.g. 1 and 1 for a trainer that
+    /// runs data parallelism only).
+    pub max_tp: u32,
+    pub max_pp: u32,
     pub zero: Vec<u8>,
     pub recompute: Vec<Recompute>,
     pub sequence_parallel: Vec<bool>,
@@ -37,6 +41,8 @@ impl SpaceSpec {
             gpus,
             global_batches: vec![global_batch],
             max_micro_batch: 16,
+            max_tp: u32::MAX,
+            max_pp: u32::MAX,
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::ALL.to_vec(),
             sequence_parallel: vec![false, true],
@@ -139,10 +145,10 @@ fn distinct_orders(orders: &[RankOrder], tp: u32, pp: u32, dp: u32) -> Vec<RankO
 pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Shape> + 'a {
     let gpus = s.gpus;
     divisors(gpus)
-        .filter(move |tp| m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
+        .filter(move |tp| *tp <= s.max_tp && m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
         .flat_map(move |tp| {
             divisors(gpus / tp)
-                .filter(move |pp| m.layers % pp == 0)
+                .filter(move |pp| *pp <= s.max_pp && m.layers % pp == 0)
                 .map(move |pp| (tp, pp, gpus / tp / pp))
         })
         .flat_map(move |(tp, pp, dp)| {
