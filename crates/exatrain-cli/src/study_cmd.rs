@@ -102,8 +102,7 @@ fn print_study(s: &Study) {
             );
         }
     }
-    println!(
-        "\n{:<10} {:>6} {:>10} {:>12} {:>9} {:>11} {:>11} {:>8} {:>9} {:>9} {:>9} {:>10}",
+    let heads = [
         "model",
         "nodes",
         "tokens",
@@ -113,29 +112,23 @@ fn print_study(s: &Study) {
         "node-hours",
         "MWh",
         "MTBF h",
+        "ckpt GB",
         "ckpt min",
         "overhead",
-        "days+fail"
-    );
+        "days+fail",
+    ];
+    let widths = [10usize, 6, 10, 10, 9, 10, 10, 8, 8, 8, 9, 9, 10];
+    let line = |cells: &[String]| {
+        let mut out = format!("{:<w$}", cells[0], w = widths[0]);
+        for (cell, w) in cells.iter().zip(widths).skip(1) {
+            out.push_str(&format!(" {cell:>w$}"));
+        }
+        out
+    };
+    println!("\n{}", line(&heads.map(String::from)));
     for m in &s.models {
-        for r in &m.rows {
-            let Some(t) = &r.time_to_train else { continue };
-            let c = t.checkpoint.as_ref();
-            println!(
-                "{:<10} {:>6} {:>10.3e} {:>12.3e} {:>9.1} {:>11.3e} {:>11.3e} {:>8} {:>9} {:>9} {:>9} {:>10}",
-                m.model,
-                r.nodes,
-                t.tokens,
-                m.total_flops / 1e18,
-                t.days,
-                t.gpu_hours,
-                t.node_hours,
-                t.energy_mwh.map_or("–".into(), |e| format!("{e:.0}")),
-                c.map_or("–".into(), |c| format!("{:.2}", c.system_mtbf_hours)),
-                c.map_or("–".into(), |c| format!("{:.1}", c.interval_s / 60.0)),
-                c.map_or("–".into(), |c| format!("{:.1}%", 100.0 * c.overhead)),
-                c.map_or("–".into(), |c| format!("{:.1}", c.effective_days)),
-            );
+        for cells in m.rows.iter().filter_map(|r| report::ttt_cells(m, r)) {
+            println!("{}", line(&cells));
         }
     }
 }

@@ -139,6 +139,19 @@ fn megatron_lm(m: &ModelSpec, c: &ParallelConfig) -> Result<Vec<String>, SpecErr
     Ok(f)
 }
 
+/// `launch.sh`: a shell script with a header naming what it launches.
+fn launch_script(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, body: String) -> File {
+    File {
+        name: "launch.sh".into(),
+        contents: format!(
+            "#!/bin/bash\n# {} on {} × {}: exported by exatrain\n{body}",
+            m.name,
+            c.gpus(),
+            cl.device.name
+        ),
+    }
+}
+
 /// Export a layout.
 pub fn export(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, format: Format) -> Result<Vec<File>, SpecError> {
     c.check(m, c.gpus())?;
@@ -148,16 +161,7 @@ pub fn export(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, format: Forma
         "torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500 pretrain_gpt.py"
     );
     match format {
-        Format::MegatronLm => Ok(vec![File {
-            name: "launch.sh".into(),
-            contents: format!(
-                "#!/bin/bash\n# {} on {} × {}: exported by exatrain\n{}",
-                m.name,
-                c.gpus(),
-                cl.device.name,
-                command(&launcher, &megatron_lm(m, c)?)
-            ),
-        }]),
+        Format::MegatronLm => Ok(vec![launch_script(m, cl, c, command(&launcher, &megatron_lm(m, c)?))]),
         Format::MegatronDeepspeed => {
             if c.zero >= 2 && c.pp > 1 {
                 return Err(SpecError::new(format!(
@@ -186,16 +190,7 @@ pub fn export(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, format: Forma
                 "wall_clock_breakdown": false,
             });
             Ok(vec![
-                File {
-                    name: "launch.sh".into(),
-                    contents: format!(
-                        "#!/bin/bash\n# {} on {} × {}: exported by exatrain\n{}",
-                        m.name,
-                        c.gpus(),
-                        cl.device.name,
-                        command(&launcher, &f)
-                    ),
-                },
+                launch_script(m, cl, c, command(&launcher, &f)),
                 File {
                     name: "ds_config.json".into(),
                     contents: serde_json::to_string_pretty(&ds).expect("json") + "\n",

@@ -210,6 +210,31 @@ fn pct(x: Option<f64>) -> String {
     x.map_or("–".into(), |v| format!("{:.1} %", 100.0 * v))
 }
 
+/// The time-to-train table's cells for one row (the terminal and the page print the same), or
+/// None when the row has no layout: model, nodes, tokens, model EFLOPs, days without failures,
+/// GPU-hours, node-hours, energy MWh, system MTBF h, checkpoint GB, checkpoint interval min,
+/// failure + checkpoint overhead, days with failures.
+pub fn ttt_cells(m: &crate::ModelStudy, r: &crate::Row) -> Option<[String; 13]> {
+    let t = r.time_to_train.as_ref()?;
+    let c = t.checkpoint.as_ref();
+    let or_dash = |f: &dyn Fn(&crate::CheckpointCost) -> String| c.map_or("–".to_string(), f);
+    Some([
+        m.model.clone(),
+        r.nodes.to_string(),
+        format!("{:.3e}", t.tokens),
+        format!("{:.3e}", m.total_flops / 1e18),
+        format!("{:.1}", t.days),
+        format!("{:.3e}", t.gpu_hours),
+        format!("{:.3e}", t.node_hours),
+        t.energy_mwh.map_or("–".into(), |e| format!("{e:.0}")),
+        or_dash(&|c| format!("{:.2}", c.system_mtbf_hours)),
+        or_dash(&|c| format!("{:.0}", c.bytes / 1e9)),
+        or_dash(&|c| format!("{:.1}", c.interval_s / 60.0)),
+        or_dash(&|c| format!("{:.1} %", 100.0 * c.overhead)),
+        or_dash(&|c| format!("{:.1}", c.effective_days)),
+    ])
+}
+
 /// The HTML page for a study and its JSON text.
 pub fn html(study: &Study, json: &str) -> String {
     let mut tput = Vec::new();
@@ -312,25 +337,16 @@ pub fn html(study: &Study, json: &str) -> String {
     }
     h.push_str("</table><h2>Time to train</h2><table><tr><th>model</th><th>nodes</th><th>tokens</th><th>model EFLOPs</th><th>days (no failures)</th><th>GPU-hours</th><th>node-hours</th><th>energy MWh</th><th>system MTBF h</th><th>checkpoint GB</th><th>interval min</th><th>overhead</th><th>days with failures</th></tr>");
     for m in &study.models {
-        for r in &m.rows {
-            let Some(t) = &r.time_to_train else { continue };
-            let c = t.checkpoint.as_ref();
-            h.push_str(&format!(
-                "<tr><td class=l>{}</td><td>{}</td><td>{:.3e}</td><td>{:.3e}</td><td>{:.1}</td><td>{:.3e}</td><td>{:.3e}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&m.model),
-                r.nodes,
-                t.tokens,
-                m.total_flops / 1e18,
-                t.days,
-                t.gpu_hours,
-                t.node_hours,
-                t.energy_mwh.map_or("–".into(), |e| format!("{e:.0}")),
-                c.map_or("–".into(), |c| format!("{:.2}", c.system_mtbf_hours)),
-                c.map_or("–".into(), |c| format!("{:.0}", c.bytes / 1e9)),
-                c.map_or("–".into(), |c| format!("{:.1}", c.interval_s / 60.0)),
-                c.map_or("–".into(), |c| format!("{:.1} %", 100.0 * c.overhead)),
-                c.map_or("–".into(), |c| format!("{:.1}", c.effective_days)),
-            ));
+        for cells in m.rows.iter().filter_map(|r| ttt_cells(m, r)) {
+            h.push_str("<tr>");
+            for (k, cell) in cells.iter().enumerate() {
+                h.push_str(&format!(
+                    "<td{}>{}</td>",
+                    if k == 0 { " class=l" } else { "" },
+                    esc(cell)
+                ));
+            }
+            h.push_str("</tr>");
         }
     }
     h.push_str("</table><h2>Plots</h2>");

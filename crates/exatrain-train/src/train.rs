@@ -127,41 +127,10 @@ pub struct Trainer {
     last_checkpoint: Option<PathBuf>,
 }
 
-/// sgemm throughput of this machine on 1024³ with the kernels' row split, FLOP/s.
+/// sgemm throughput of this machine on 1024³ with the kernels' row split, FLOP/s (the
+/// calibration's GEMM benchmark, best of 10).
 pub fn measure_peak() -> f64 {
-    use rayon::prelude::*;
-    let n = 1024;
-    let a = vec![1.0f32; n * n];
-    let b = vec![1.0f32; n * n];
-    let mut c = vec![0.0f32; n * n];
-    let mut best = f64::INFINITY;
-    for _ in 0..10 {
-        let t0 = Instant::now();
-        c.par_chunks_mut(64 * n).enumerate().for_each(|(blk, cb)| {
-            let rows = cb.len() / n;
-            // SAFETY: a block of `rows` rows of a, all of b, and this block of c, all in bounds.
-            unsafe {
-                matrixmultiply::sgemm(
-                    rows,
-                    n,
-                    n,
-                    1.0,
-                    a.as_ptr().add(blk * 64 * n),
-                    n as isize,
-                    1,
-                    b.as_ptr(),
-                    n as isize,
-                    1,
-                    0.0,
-                    cb.as_mut_ptr(),
-                    n as isize,
-                    1,
-                );
-            }
-        });
-        best = best.min(t0.elapsed().as_secs_f64());
-    }
-    2.0 * (n as f64).powi(3) / best
+    crate::calibrate::time_gemm(1024, 1024, 1024, 10) * 1e9
 }
 
 fn decay_ranges(m: &Gpt<f32>) -> Vec<std::ops::Range<usize>> {
