@@ -93,7 +93,7 @@ fn main() {
         crossentropy_forward(&mut probs, &mut losses, &out, &targets, v, v)
     });
     total += t("crossentropy bwd", 0.0, || {
-        crossentropy_backward(&mut out, &probs, &targets, 1e-3, v, v)
+        crossentropy_backward(&mut out, &probs, &targets, 0, 1e-3, v, v)
     });
     println!("estimated step: {:.3} s", total);
 }

@@ -22,25 +22,60 @@ fn r<R: Real>(x: f64) -> R {
     R::of(x)
 }
 
-/// out[N,C] = wte[tokens[n]] + wpe[n % T]
-pub fn encoder_forward<R: Real>(out: &mut [R], tokens: &[u32], wte: &[R], wpe: &[R], t: usize, c: usize) {
+/// out[N,C] = wte[tokens[n] − lo] + wpe[n % T], where `wte` holds vocabulary rows lo.. (a
+/// vocabulary-parallel shard: tokens outside it contribute 0) and `wpe` may be absent (added by
+/// one tensor-parallel rank only).
+pub fn encoder_forward<R: Real>(
+    out: &mut [R],
+    tokens: &[u32],
+    wte: &[R],
+    lo: usize,
+    wpe: Option<&[R]>,
+    t: usize,
+    c: usize,
+) {
+    let rows = wte.len() / c;
     out.par_chunks_mut(c).enumerate().for_each(|(n, o)| {
-        let tok = tokens[n] as usize * c;
-        let pos = (n % t) * c;
-        for j in 0..c {
-            o[j] = wte[tok + j] + wpe[pos + j];
+        let tok = tokens[n] as usize;
+        o.iter_mut().for_each(|x| *x = R::zero());
+        if (lo..lo + rows).contains(&tok) {
+            o.copy_from_slice(&wte[(tok - lo) * c..(tok - lo + 1) * c]);
+        }
+        if let Some(wpe) = wpe {
+            let pos = (n % t) * c;
+            for j in 0..c {
+                o[j] = o[j] + wpe[pos + j];
+            }
         }
     });
 }
 
-/// dwte[tokens[n]] += dout[n]; dwpe[n % T] += dout[n]
-pub fn encoder_backward<R: Real>(dwte: &mut [R], dwpe: &mut [R], dout: &[R], tokens: &[u32], t: usize, c: usize) {
+/// dwte[tokens[n] − lo] += dout[n] for the tokens in the shard; dwpe[n % T] += dout[n].
+pub fn encoder_backward<R: Real>(
+    dwte: &mut [R],
+    lo: usize,
+    dwpe: Option<&mut [R]>,
+    dout: &[R],
+    tokens: &[u32],
+    t: usize,
+    c: usize,
+) {
+    let rows = dwte.len() / c;
     for (n, d) in dout.chunks(c).enumerate() {
-        let tok = tokens[n] as usize * c;
-        let pos = (n % t) * c;
-        for j in 0..c {
-            dwte[tok + j] = dwte[tok + j] + d[j];
-            dwpe[pos + j] = dwpe[pos + j] + d[j];
+        let tok = tokens[n] as usize;
+        if (lo..lo + rows).contains(&tok) {
+            let w = &mut dwte[(tok - lo) * c..(tok - lo + 1) * c];
+            for j in 0..c {
+                w[j] = w[j] + d[j];
+            }
+        }
+    }
+    if let Some(dwpe) = dwpe {
+        for (n, d) in dout.chunks(c).enumerate() {
+            let pos = (n % t) * c;
+            for j in 0..c {
+                dwpe[pos + j] = dwpe[pos + j] + d[j];
+            }
         }
     }
 }
@@ -508,8 +543,73 @@ pub fn residual_backward<R: Real>(da: &mut [R], db: &mut [R], dout: &[R]) {
         });
 }
 
+/// Cross-entropy over a vocabulary that may be split across tensor-parallel ranks (Megatron's
+/// vocab-parallel cross-entropy) in three steps with a reduction between each: this rank holds
+/// logits[N,Vl] for vocabulary ids lo..lo+Vl of which the first `valid` are real (the rest is
+/// padding). Step 1: maxes[N] = the row max over the valid columns.
+pub fn crossentropy_max<R: Real>(maxes: &mut [R], logits: &[R], valid: usize, vl: usize) {
+    maxes.par_iter_mut().enumerate().for_each(|(n, m)| {
+        *m = logits[n * vl..n * vl + valid]
+            .iter()
+            .copied()
+            .fold(R::neg_infinity(), R::max);
+    });
+}
+
+/// Step 2, given the global row max: probs[n,j] = exp(logit − max) (padding 0);
+/// stats[n] = Σ_j probs[n,j] and stats[N+n] = logit[n,target] − max if the target is here, else 0.
+#[allow(clippy::too_many_arguments)]
+pub fn crossentropy_exp<R: Real>(
+    probs: &mut [R],
+    stats: &mut [R],
+    logits: &[R],
+    maxes: &[R],
+    targets: &[u32],
+    lo: usize,
+    valid: usize,
+    vl: usize,
+) {
+    let n_rows = maxes.len();
+    let (sums, tgt) = stats.split_at_mut(n_rows);
+    probs
+        .par_chunks_mut(vl)
+        .zip(sums.par_iter_mut())
+        .zip(tgt.par_iter_mut())
+        .enumerate()
+        .for_each(|(n, ((p, s), tl))| {
+            let row = &logits[n * vl..(n + 1) * vl];
+            let mut sum = R::zero();
+            for j in 0..valid {
+                p[j] = (row[j] - maxes[n]).exp();
+                sum = sum + p[j];
+            }
+            p[valid..].iter_mut().for_each(|x| *x = R::zero());
+            *s = sum;
+            let t = targets[n] as usize;
+            *tl = if (lo..lo + valid).contains(&t) {
+                row[t - lo] - maxes[n]
+            } else {
+                R::zero()
+            };
+        });
+}
+
+/// Step 3, given the global stats: probs /= Σ; losses[n] = ln Σ − (logit[target] − max).
+pub fn crossentropy_normalize<R: Real>(probs: &mut [R], losses: &mut [R], stats: &[R], vl: usize) {
+    let n_rows = losses.len();
+    probs
+        .par_chunks_mut(vl)
+        .zip(losses.par_iter_mut())
+        .enumerate()
+        .for_each(|(n, (p, l))| {
+            let inv = R::one() / stats[n];
+            p.iter_mut().for_each(|x| *x = *x * inv);
+            *l = stats[n].ln() - stats[n_rows + n];
+        });
+}
+
 /// probs[N,Vp] = softmax over the first V logits of each row (padded columns 0);
-/// losses[N] = −ln probs[n, targets[n]].
+/// losses[N] = −ln probs[n, targets[n]] (the three steps above on one rank).
 pub fn crossentropy_forward<R: Real>(
     probs: &mut [R],
     losses: &mut [R],
@@ -518,37 +618,30 @@ pub fn crossentropy_forward<R: Real>(
     v: usize,
     vp: usize,
 ) {
-    probs
-        .par_chunks_mut(vp)
-        .zip(losses.par_iter_mut())
-        .enumerate()
-        .for_each(|(n, (p, l))| {
-            let row = &logits[n * vp..n * vp + v];
-            let max = row.iter().copied().fold(R::neg_infinity(), R::max);
-            let mut sum = R::zero();
-            for j in 0..v {
-                p[j] = (row[j] - max).exp();
-                sum = sum + p[j];
-            }
-            let inv = R::one() / sum;
-            for x in p[..v].iter_mut() {
-                *x = *x * inv;
-            }
-            for x in p[v..].iter_mut() {
-                *x = R::zero();
-            }
-            *l = -(p[targets[n] as usize]).ln();
-        });
+    let n = losses.len();
+    let mut maxes = vec![R::zero(); n];
+    let mut stats = vec![R::zero(); 2 * n];
+    crossentropy_max(&mut maxes, logits, v, vp);
+    crossentropy_exp(probs, &mut stats, logits, &maxes, targets, 0, v, vp);
+    crossentropy_normalize(probs, losses, &stats, vp);
 }
 
-/// dlogits += dloss · (probs − onehot(target)) for the first V columns, where every position's
-/// loss has weight `dloss` (1/N for a mean).
-pub fn crossentropy_backward<R: Real>(dlogits: &mut [R], probs: &[R], targets: &[u32], dloss: R, v: usize, vp: usize) {
-    dlogits.par_chunks_mut(vp).enumerate().for_each(|(n, d)| {
-        let p = &probs[n * vp..(n + 1) * vp];
+/// dlogits += dloss · (probs − onehot(target)) over this rank's Vl columns (ids lo..), of
+/// which the first `valid` are real; every position's loss has weight `dloss` (1/N for a mean).
+pub fn crossentropy_backward<R: Real>(
+    dlogits: &mut [R],
+    probs: &[R],
+    targets: &[u32],
+    lo: usize,
+    dloss: R,
+    valid: usize,
+    vl: usize,
+) {
+    dlogits.par_chunks_mut(vl).enumerate().for_each(|(n, d)| {
+        let p = &probs[n * vl..(n + 1) * vl];
         let tgt = targets[n] as usize;
-        for j in 0..v {
-            let ind = if j == tgt { R::one() } else { R::zero() };
+        for j in 0..valid {
+            let ind = if j + lo == tgt { R::one() } else { R::zero() };
             d[j] = d[j] + (p[j] - ind) * dloss;
         }
     });

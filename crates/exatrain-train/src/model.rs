@@ -7,7 +7,8 @@
 
 use std::ops::Range;
 
-use exatrain_spec::{Mlp, ModelSpec, Norm, Position, SpecError};
+use exatrain_parallel::comm::CommError;
+use exatrain_spec::{Mlp, ModelSpec, Norm, Position, Recompute, SpecError};
 
 use crate::kernels::*;
 use crate::Real;
@@ -70,32 +71,117 @@ impl GptShape {
     }
 }
 
-/// One block's tensors in the parameter buffer.
+/// Which piece of the model one rank holds: a contiguous range of layers (a pipeline stage, or
+/// one chunk of an interleaved stage), the embedding if it holds the first layer's input, the
+/// final norm, head and loss if it holds the last layer's output, and one tensor-parallel shard
+/// of every tensor (Megatron's split: QKV and MLP-up by output rows, attention-out and MLP-down
+/// by input columns, the vocabulary by rows). The single-process model is [`Part::whole`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub layers: Range<usize>,
+    pub embed: bool,
+    pub head: bool,
+    /// tensor-parallel size and this rank's index in its group
+    pub tp: usize,
+    pub tp_rank: usize,
+    pub recompute: Recompute,
+}
+
+impl Part {
+    pub fn whole(s: &GptShape) -> Part {
+        Part {
+            layers: 0..s.layers,
+            embed: true,
+            head: true,
+            tp: 1,
+            tp_rank: 0,
+            recompute: Recompute::None,
+        }
+    }
+
+    /// The shape must split evenly into `tp` shards.
+    pub fn check(&self, s: &GptShape) -> Result<(), SpecError> {
+        let t = self.tp;
+        for (what, n) in [
+            ("heads", s.heads),
+            ("ffn_hidden", s.ffn),
+            ("padded_vocab", s.padded_vocab),
+        ] {
+            if t == 0 || n % t != 0 {
+                return Err(SpecError::new(format!("--tp {t} does not divide {n} {what}")));
+            }
+        }
+        if self.layers.end > s.layers || self.tp_rank >= t {
+            return Err(SpecError::new(format!(
+                "part {:?} / tp rank {} outside the model's {} layers / --tp {t}",
+                self.layers, self.tp_rank, s.layers
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The local sizes of a part.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    /// C, the full width of the residual stream
+    c: usize,
+    /// C / tp: this rank's share of the attention width
+    cl: usize,
+    /// NH / tp
+    nh: usize,
+    /// F / tp
+    f: usize,
+    /// Vp / tp: this rank's vocabulary rows, ids vlo..vlo+vl, of which `valid` are real
+    vl: usize,
+    vlo: usize,
+    valid: usize,
+}
+
+impl Dims {
+    fn new(s: &GptShape, p: &Part) -> Dims {
+        let vl = s.padded_vocab / p.tp;
+        let vlo = p.tp_rank * vl;
+        Dims {
+            c: s.channels,
+            cl: s.channels / p.tp,
+            nh: s.heads / p.tp,
+            f: s.ffn / p.tp,
+            vl,
+            vlo,
+            valid: s.vocab.saturating_sub(vlo).min(vl),
+        }
+    }
+}
+
+/// One block's tensors in the parameter buffer (local shapes: Cl = C/tp, Fl = F/tp).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockParams {
     pub ln1w: Range<usize>,    // [C]
     pub ln1b: Range<usize>,    // [C]
-    pub qkvw: Range<usize>,    // [3C, C]
-    pub qkvb: Range<usize>,    // [3C]
-    pub projw: Range<usize>,   // [C, C]
-    pub projb: Range<usize>,   // [C]
+    pub qkvw: Range<usize>,    // [3Cl, C]  column-parallel (rows: this rank's heads' q, k, v)
+    pub qkvb: Range<usize>,    // [3Cl]
+    pub projw: Range<usize>,   // [C, Cl]   row-parallel (input columns)
+    pub projb: Range<usize>,   // [C]       replicated, added by tp rank 0
     pub ln2w: Range<usize>,    // [C]
     pub ln2b: Range<usize>,    // [C]
-    pub fcw: Range<usize>,     // [F, C]
-    pub fcb: Range<usize>,     // [F]
-    pub fcprojw: Range<usize>, // [C, F]
-    pub fcprojb: Range<usize>, // [C]
+    pub fcw: Range<usize>,     // [Fl, C]   column-parallel
+    pub fcb: Range<usize>,     // [Fl]
+    pub fcprojw: Range<usize>, // [C, Fl]   row-parallel
+    pub fcprojb: Range<usize>, // [C]       replicated, added by tp rank 0
 }
 
-/// Every parameter tensor's range.
+/// Every parameter tensor's range; tensors a part does not hold are empty ranges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamLayout {
-    pub wte: Range<usize>, // [Vp, C]
-    pub wpe: Range<usize>, // [T, C]
+    pub wte: Range<usize>, // [Vp/tp, C] vocabulary-parallel; held by the embedding and the head
+    pub wpe: Range<usize>, // [T, C]     replicated, added by tp rank 0
     pub blocks: Vec<BlockParams>,
     pub lnfw: Range<usize>, // [C]
     pub lnfb: Range<usize>, // [C]
     pub total: usize,
+    /// the part this layout is for
+    pub part: Part,
 }
 
 struct Cursor(usize);
@@ -109,18 +195,26 @@ impl Cursor {
 }
 
 impl ParamLayout {
+    /// The whole model.
     pub fn new(s: &GptShape) -> Self {
-        let (c, f) = (s.channels, s.ffn);
+        Self::of_part(s, &Part::whole(s))
+    }
+
+    pub fn of_part(s: &GptShape, part: &Part) -> Self {
+        let d = Dims::new(s, part);
+        let (c, cl, f) = (d.c, d.cl, d.f);
         let mut k = Cursor(0);
-        let wte = k.take(s.padded_vocab * c);
-        let wpe = k.take(s.max_seq * c);
-        let blocks = (0..s.layers)
+        let wte = k.take(if part.embed || part.head { d.vl * c } else { 0 });
+        let wpe = k.take(if part.embed { s.max_seq * c } else { 0 });
+        let blocks = part
+            .layers
+            .clone()
             .map(|_| BlockParams {
                 ln1w: k.take(c),
                 ln1b: k.take(c),
-                qkvw: k.take(3 * c * c),
-                qkvb: k.take(3 * c),
-                projw: k.take(c * c),
+                qkvw: k.take(3 * cl * c),
+                qkvb: k.take(3 * cl),
+                projw: k.take(c * cl),
                 projb: k.take(c),
                 ln2w: k.take(c),
                 ln2b: k.take(c),
@@ -130,8 +224,8 @@ impl ParamLayout {
                 fcprojb: k.take(c),
             })
             .collect();
-        let lnfw = k.take(c);
-        let lnfb = k.take(c);
+        let lnfw = k.take(if part.head { c } else { 0 });
+        let lnfb = k.take(if part.head { c } else { 0 });
         ParamLayout {
             wte,
             wpe,
@@ -139,16 +233,18 @@ impl ParamLayout {
             lnfw,
             lnfb,
             total: k.0,
+            part: part.clone(),
         }
     }
 
-    /// (name, range) of every tensor, in buffer order, with Hugging Face GPT-2 names.
+    /// (name, range) of every tensor held, in buffer order, with Hugging Face GPT-2 names.
     pub fn named(&self) -> Vec<(String, Range<usize>)> {
         let mut v = vec![
             ("wte".to_string(), self.wte.clone()),
             ("wpe".to_string(), self.wpe.clone()),
         ];
-        for (l, b) in self.blocks.iter().enumerate() {
+        for (i, b) in self.blocks.iter().enumerate() {
+            let l = self.part.layers.start + i;
             for (n, r) in [
                 ("ln_1.weight", &b.ln1w),
                 ("ln_1.bias", &b.ln1b),
@@ -168,89 +264,217 @@ impl ParamLayout {
         }
         v.push(("ln_f.weight".into(), self.lnfw.clone()));
         v.push(("ln_f.bias".into(), self.lnfb.clone()));
+        v.retain(|(_, r)| !r.is_empty());
         v
+    }
+
+    /// The weight matrices (and the embedding), which get weight decay.
+    pub fn decayed(&self) -> Vec<Range<usize>> {
+        self.blocks
+            .iter()
+            .flat_map(|b| [b.qkvw.clone(), b.projw.clone(), b.fcw.clone(), b.fcprojw.clone()])
+            .chain([self.wte.clone()])
+            .filter(|r| !r.is_empty())
+            .collect()
+    }
+
+    /// The tensors every tensor-parallel rank holds whole (norms, row-parallel biases, positions):
+    /// their gradients are identical across the group, so a global norm counts them once.
+    pub fn tp_replicated(&self) -> Vec<Range<usize>> {
+        let mut v: Vec<Range<usize>> = self
+            .blocks
+            .iter()
+            .flat_map(|b| {
+                [
+                    b.ln1w.clone(),
+                    b.ln1b.clone(),
+                    b.projb.clone(),
+                    b.ln2w.clone(),
+                    b.ln2b.clone(),
+                    b.fcprojb.clone(),
+                ]
+            })
+            .collect();
+        v.extend([self.wpe.clone(), self.lnfw.clone(), self.lnfb.clone()]);
+        v.retain(|r| !r.is_empty());
+        v
+    }
+
+    /// Where this part's parameters sit in the whole model's buffer: (local start, whole start,
+    /// length) runs that together cover the part's buffer once.
+    pub fn shard_runs(&self, s: &GptShape) -> Vec<(usize, usize, usize)> {
+        let full = ParamLayout::new(s);
+        let part = &self.part;
+        let d = Dims::new(s, part);
+        let (c, cl, f, t) = (d.c, d.cl, d.f, part.tp_rank);
+        let mut runs = Vec::new();
+        // rows r0..r0+n of a row-major tensor with `cols` columns, to local offset `at`
+        let mut rows = |at: usize, full: &Range<usize>, r0: usize, n: usize, cols: usize| {
+            if n * cols > 0 {
+                runs.push((at, full.start + r0 * cols, n * cols));
+            }
+        };
+        let whole = |l: &Range<usize>, f: &Range<usize>| (l.start, f.start, l.len());
+        let mut wholes = Vec::new();
+        let mut columns = Vec::new();
+        if !self.wte.is_empty() {
+            rows(self.wte.start, &full.wte, d.vlo, d.vl, c);
+        }
+        wholes.extend([
+            whole(&self.wpe, &full.wpe),
+            whole(&self.lnfw, &full.lnfw),
+            whole(&self.lnfb, &full.lnfb),
+        ]);
+        for (i, b) in self.blocks.iter().enumerate() {
+            let fb = &full.blocks[part.layers.start + i];
+            for k in 0..3 {
+                // q, k and v rows of this rank's heads
+                rows(b.qkvw.start + k * cl * c, &fb.qkvw, k * c + t * cl, cl, c);
+                rows(b.qkvb.start + k * cl, &fb.qkvb, k * c + t * cl, cl, 1);
+            }
+            rows(b.fcw.start, &fb.fcw, t * f, f, c);
+            rows(b.fcb.start, &fb.fcb, t * f, f, 1);
+            // input columns of every output row
+            for r in 0..c {
+                columns.push((b.projw.start + r * cl, fb.projw.start + r * c + t * cl, cl));
+                columns.push((b.fcprojw.start + r * f, fb.fcprojw.start + r * s.ffn + t * f, f));
+            }
+            wholes.extend([
+                whole(&b.ln1w, &fb.ln1w),
+                whole(&b.ln1b, &fb.ln1b),
+                whole(&b.projb, &fb.projb),
+                whole(&b.ln2w, &fb.ln2w),
+                whole(&b.ln2b, &fb.ln2b),
+                whole(&b.fcprojb, &fb.fcprojb),
+            ]);
+        }
+        runs.extend(columns);
+        runs.extend(wholes.into_iter().filter(|r| r.2 > 0));
+        runs.sort_unstable();
+        runs
     }
 }
 
-/// One block's activations for a (B, T) microbatch; N = B·T.
+/// One block's activations for a (B, T) microbatch, N = B·T (local shapes as in [`BlockParams`]).
+/// Under recomputation the tensors not kept point into a scratch region shared by all blocks
+/// and microbatches, refilled in backward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockActs {
     pub ln1: Range<usize>,      // [N, C]
     pub ln1_mean: Range<usize>, // [N]
     pub ln1_rstd: Range<usize>, // [N]
-    pub qkv: Range<usize>,      // [N, 3C]
-    pub att: Range<usize>,      // [B, NH, T, T]
-    pub atty: Range<usize>,     // [N, C]
+    pub qkv: Range<usize>,      // [N, 3Cl]
+    pub att: Range<usize>,      // [B, NH/tp, T, T]  (scratch under selective recompute)
+    pub atty: Range<usize>,     // [N, Cl]
     pub attproj: Range<usize>,  // [N, C]
     pub res2: Range<usize>,     // [N, C]
     pub ln2: Range<usize>,      // [N, C]
     pub ln2_mean: Range<usize>, // [N]
     pub ln2_rstd: Range<usize>, // [N]
-    pub fch: Range<usize>,      // [N, F]
-    pub fch_gelu: Range<usize>, // [N, F]
+    pub fch: Range<usize>,      // [N, Fl]
+    pub fch_gelu: Range<usize>, // [N, Fl]
     pub fcproj: Range<usize>,   // [N, C]
-    pub res3: Range<usize>,     // [N, C]
+    pub res3: Range<usize>,     // [N, C]  (the only kept tensor under full recompute)
 }
 
-/// Every activation tensor's range for one (B, T).
+/// Every activation tensor's range of one in-flight (B, T) microbatch; head tensors are empty
+/// unless the part holds the head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActLayout {
     pub b: usize,
     pub t: usize,
-    pub encoded: Range<usize>, // [N, C]
+    pub encoded: Range<usize>, // [N, C] the part's input: the embedding, or what the previous stage sent
     pub blocks: Vec<BlockActs>,
     pub lnf: Range<usize>,      // [N, C]
     pub lnf_mean: Range<usize>, // [N]
     pub lnf_rstd: Range<usize>, // [N]
-    pub logits: Range<usize>,   // [N, Vp]
-    pub probs: Range<usize>,    // [N, Vp]
+    pub logits: Range<usize>,   // [N, Vp/tp]
+    pub probs: Range<usize>,    // [N, Vp/tp]
     pub losses: Range<usize>,   // [N]
-    pub total: usize,
+    pub ce_max: Range<usize>,   // [N]  row max over the whole vocabulary
+    pub ce_stats: Range<usize>, // [2N] Σexp, and the target's logit − max
 }
 
 impl ActLayout {
+    /// The whole model's activations for one microbatch (no recomputation).
     pub fn new(s: &GptShape, b: usize, t: usize) -> Self {
-        let (n, c, f) = (b * t, s.channels, s.ffn);
-        let mut k = Cursor(0);
+        Self::build(s, &Part::whole(s), b, t, 0, 0).0
+    }
+
+    /// One slot's layout with its kept tensors from `kept_base` and the shared recompute scratch
+    /// from `scratch_base`; also the lengths of both.
+    fn build(
+        s: &GptShape,
+        part: &Part,
+        b: usize,
+        t: usize,
+        kept_base: usize,
+        scratch_base: usize,
+    ) -> (Self, usize, usize) {
+        let d = Dims::new(s, part);
+        let (n, c, cl, f) = (b * t, d.c, d.cl, d.f);
+        let mut k = Cursor(kept_base);
+        let mut scratch_len = 0;
         let encoded = k.take(n * c);
-        let blocks = (0..s.layers)
-            .map(|_| BlockActs {
-                ln1: k.take(n * c),
-                ln1_mean: k.take(n),
-                ln1_rstd: k.take(n),
-                qkv: k.take(n * 3 * c),
-                att: k.take(b * s.heads * t * t),
-                atty: k.take(n * c),
-                attproj: k.take(n * c),
-                res2: k.take(n * c),
-                ln2: k.take(n * c),
-                ln2_mean: k.take(n),
-                ln2_rstd: k.take(n),
-                fch: k.take(n * f),
-                fch_gelu: k.take(n * f),
-                fcproj: k.take(n * c),
-                res3: k.take(n * c),
+        let blocks = part
+            .layers
+            .clone()
+            .map(|_| {
+                let mut sc = Cursor(scratch_base);
+                let full = part.recompute == Recompute::Full;
+                let sel = part.recompute == Recompute::Selective;
+                let mut take = |len: usize, kept: bool| if kept { k.take(len) } else { sc.take(len) };
+                let a = BlockActs {
+                    ln1: take(n * c, !full),
+                    ln1_mean: take(n, !full),
+                    ln1_rstd: take(n, !full),
+                    qkv: take(n * 3 * cl, !full),
+                    att: take(b * d.nh * t * t, !full && !sel),
+                    atty: take(n * cl, !full),
+                    attproj: take(n * c, !full),
+                    res2: take(n * c, !full),
+                    ln2: take(n * c, !full),
+                    ln2_mean: take(n, !full),
+                    ln2_rstd: take(n, !full),
+                    fch: take(n * f, !full),
+                    fch_gelu: take(n * f, !full),
+                    fcproj: take(n * c, !full),
+                    res3: take(n * c, true),
+                };
+                scratch_len = scratch_len.max(sc.0 - scratch_base);
+                a
             })
             .collect();
-        let lnf = k.take(n * c);
-        let lnf_mean = k.take(n);
-        let lnf_rstd = k.take(n);
-        let logits = k.take(n * s.padded_vocab);
-        let probs = k.take(n * s.padded_vocab);
-        let losses = k.take(n);
-        ActLayout {
+        let h = |len: usize| if part.head { len } else { 0 };
+        let lay = ActLayout {
             b,
             t,
             encoded,
             blocks,
-            lnf,
-            lnf_mean,
-            lnf_rstd,
-            logits,
-            probs,
-            losses,
-            total: k.0,
+            lnf: k.take(h(n * c)),
+            lnf_mean: k.take(h(n)),
+            lnf_rstd: k.take(h(n)),
+            logits: k.take(h(n * d.vl)),
+            probs: k.take(h(n * d.vl)),
+            losses: k.take(h(n)),
+            ce_max: k.take(h(n)),
+            ce_stats: k.take(h(2 * n)),
+        };
+        (lay, k.0 - kept_base, scratch_len)
+    }
+
+    /// The input of local block `l`.
+    fn block_input(&self, l: usize) -> Range<usize> {
+        if l == 0 {
+            self.encoded.clone()
+        } else {
+            self.blocks[l - 1].res3.clone()
         }
+    }
+
+    /// The part's output: the last block's residual stream.
+    fn output(&self) -> Range<usize> {
+        self.block_input(self.blocks.len())
     }
 }
 
@@ -259,35 +483,37 @@ impl ActLayout {
 /// block — only one block's are live at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GradLayout {
-    pub dlogits: Range<usize>,   // [N, Vp]
+    pub dlogits: Range<usize>,   // [N, Vp/tp]
     pub dlnf: Range<usize>,      // [N, C]
     pub dres: [Range<usize>; 2], // [N, C] each
     pub dln1: Range<usize>,      // [N, C]
-    pub dqkv: Range<usize>,      // [N, 3C]
-    pub datty: Range<usize>,     // [N, C]
+    pub dqkv: Range<usize>,      // [N, 3Cl]
+    pub datty: Range<usize>,     // [N, Cl]
     pub dattproj: Range<usize>,  // [N, C]
     pub dres2: Range<usize>,     // [N, C]
     pub dln2: Range<usize>,      // [N, C]
-    pub dfch: Range<usize>,      // [N, F]
-    pub dfchg: Range<usize>,     // [N, F]
+    pub dfch: Range<usize>,      // [N, Fl]
+    pub dfchg: Range<usize>,     // [N, Fl]
     pub dfcproj: Range<usize>,   // [N, C]
     pub total: usize,
 }
 
 impl GradLayout {
-    pub fn new(s: &GptShape, b: usize, t: usize) -> Self {
-        let (n, c, f) = (b * t, s.channels, s.ffn);
+    fn new(s: &GptShape, part: &Part, b: usize, t: usize) -> Self {
+        let d = Dims::new(s, part);
+        let (n, c, cl, f) = (b * t, d.c, d.cl, d.f);
         let mut k = Cursor(0);
-        let dlogits = k.take(n * s.padded_vocab);
-        let dlnf = k.take(n * c);
+        let h = |len: usize| if part.head { len } else { 0 };
+        let dlogits = k.take(h(n * d.vl));
+        let dlnf = k.take(h(n * c));
         let dres = [k.take(n * c), k.take(n * c)];
         GradLayout {
             dlogits,
             dlnf,
             dres,
             dln1: k.take(n * c),
-            dqkv: k.take(n * 3 * c),
-            datty: k.take(n * c),
+            dqkv: k.take(n * 3 * cl),
+            datty: k.take(n * cl),
             dattproj: k.take(n * c),
             dres2: k.take(n * c),
             dln2: k.take(n * c),
@@ -307,7 +533,7 @@ impl GradLayout {
 /// Disjoint mutable views of one buffer (panics on overlap: a layout bug, not input).
 fn parts<'a, R, const K: usize>(buf: &'a mut [R], ranges: [&Range<usize>; K]) -> [&'a mut [R]; K] {
     let mut order: Vec<usize> = (0..K).collect();
-    order.sort_by_key(|&i| ranges[i].start);
+    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
     let mut out: Vec<Option<&'a mut [R]>> = (0..K).map(|_| None).collect();
     let mut rest = buf;
     let mut at = 0;
@@ -328,7 +554,46 @@ fn parts<'a, R, const K: usize>(buf: &'a mut [R], ranges: [&Range<usize>; K]) ->
         .expect("K parts")
 }
 
-/// A GPT-2 model with its buffers.
+/// The tensor-parallel group as the model sees it. Megatron's conjugate operators are the two
+/// places `all_reduce` is called: **g** after a row-parallel layer (forward: all-reduce the
+/// partial sums, backward: identity) and **f** before a column-parallel one (forward: identity,
+/// backward: all-reduce the input gradient).
+pub trait TpGroup<R> {
+    fn size(&self) -> usize;
+    /// Sum over the group, in place (activation traffic: the planner's TP bytes).
+    fn all_reduce(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// Elementwise max over the group (the cross-entropy's row max: N values, not metered).
+    fn max_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// Sum of the cross-entropy's per-row statistics (2N values, not metered).
+    fn sum_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
+}
+
+/// No tensor parallelism: every collective is the identity.
+pub struct Alone;
+
+impl<R: Real> TpGroup<R> for Alone {
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn max_stats(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn sum_stats(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+/// One in-flight microbatch: its activations' layout and its tokens.
+struct Slot {
+    act: ActLayout,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+/// A GPT-2 model (or one [`Part`] of it) with its buffers.
 pub struct Gpt<R: Real> {
     pub shape: GptShape,
     pub layout: ParamLayout,
@@ -336,12 +601,15 @@ pub struct Gpt<R: Real> {
     pub params: Vec<R>,
     /// Their gradients, same layout.
     pub grads: Vec<R>,
+    /// slots × kept activations, then the recompute scratch shared by all slots
     acts: Vec<R>,
+    slots: Vec<Slot>,
+    scratch_len: usize,
+    /// the backward workspace ([`GradLayout`])
     dacts: Vec<R>,
-    act_layout: Option<ActLayout>,
     grad_layout: Option<GradLayout>,
-    tokens: Vec<u32>,
-    targets: Vec<u32>,
+    /// which `dres` buffer holds the input gradient after a backward
+    dinput: usize,
 }
 
 impl<R: Real> Gpt<R> {
@@ -379,109 +647,143 @@ impl<R: Real> Gpt<R> {
         params[layout.wte.start + v * c..layout.wte.end]
             .iter_mut()
             .for_each(|x| *x = R::zero());
-        let grads = vec![R::zero(); layout.total];
+        Self::with_params(shape, layout, params)
+    }
+
+    /// One part of the model initialised exactly as [`Gpt::new`] initialises the whole (so
+    /// every layout starts from the same weights).
+    pub fn new_part(shape: GptShape, part: &Part, seed: u64) -> Self {
+        let whole = Self::new(shape, seed);
+        let layout = ParamLayout::of_part(&shape, part);
+        let mut params = vec![R::zero(); layout.total];
+        for (l, w, n) in layout.shard_runs(&shape) {
+            params[l..l + n].copy_from_slice(&whole.params[w..w + n]);
+        }
+        Self::with_params(shape, layout, params)
+    }
+
+    fn with_params(shape: GptShape, layout: ParamLayout, params: Vec<R>) -> Self {
         Gpt {
             shape,
+            grads: vec![R::zero(); layout.total],
             layout,
             params,
-            grads,
             acts: Vec::new(),
+            slots: Vec::new(),
+            scratch_len: 0,
             dacts: Vec::new(),
-            act_layout: None,
             grad_layout: None,
-            tokens: Vec::new(),
-            targets: Vec::new(),
+            dinput: 0,
         }
     }
 
-    /// Bytes of the activations kept from forward for backward (the planner's `activations`).
+    pub fn part(&self) -> &Part {
+        &self.layout.part
+    }
+
+    /// Bytes of the activations kept from forward for backward over all slots (the planner's
+    /// `activations`).
     pub fn activation_bytes(&self) -> usize {
-        self.acts.len() * std::mem::size_of::<R>()
+        (self.acts.len() - self.scratch_len) * std::mem::size_of::<R>()
     }
 
-    /// Bytes of the backward workspace: the head's and one block's activation gradients plus the
-    /// residual gradient (not kept across the step; the planner does not count it).
+    /// Bytes of the backward workspace and the recompute scratch: the head's and one block's
+    /// activation gradients plus the residual gradient (not kept across the step; the planner
+    /// does not count it).
     pub fn workspace_bytes(&self) -> usize {
-        self.dacts.len() * std::mem::size_of::<R>()
+        (self.dacts.len() + self.scratch_len) * std::mem::size_of::<R>()
     }
 
-    fn ensure(&mut self, b: usize, t: usize) {
-        if self.act_layout.as_ref().is_none_or(|l| l.b != b || l.t != t) {
-            let l = ActLayout::new(&self.shape, b, t);
-            let gl = GradLayout::new(&self.shape, b, t);
-            self.acts = vec![R::zero(); l.total];
-            self.dacts = vec![R::zero(); gl.total];
-            self.act_layout = Some(l);
-            self.grad_layout = Some(gl);
+    /// Size the buffers for `slots` microbatches of (B, T) in flight at once.
+    pub fn prepare(&mut self, b: usize, t: usize, slots: usize) {
+        let same = self.slots.len() == slots && self.slots.first().is_some_and(|s| s.act.b == b && s.act.t == t);
+        if same {
+            return;
         }
+        let part = self.layout.part.clone();
+        let (_, kept, scratch) = ActLayout::build(&self.shape, &part, b, t, 0, 0);
+        self.slots = (0..slots)
+            .map(|i| Slot {
+                act: ActLayout::build(&self.shape, &part, b, t, i * kept, slots * kept).0,
+                tokens: Vec::new(),
+                targets: Vec::new(),
+            })
+            .collect();
+        self.acts = vec![R::zero(); slots * kept + scratch];
+        self.scratch_len = scratch;
+        let gl = GradLayout::new(&self.shape, &part, b, t);
+        self.dacts = vec![R::zero(); gl.total];
+        self.grad_layout = Some(gl);
     }
 
-    /// Forward a (B, T) microbatch of token ids and next-token targets; the mean loss.
+    /// Forward a (B, T) microbatch of token ids and next-token targets through the whole model;
+    /// the mean loss.
     pub fn forward(&mut self, tokens: &[u32], targets: &[u32], b: usize, t: usize) -> R {
         assert!(
             t <= self.shape.max_seq && tokens.len() == b * t && targets.len() == b * t,
             "shapes checked by the caller"
         );
-        self.ensure(b, t);
-        self.tokens.clear();
-        self.tokens.extend_from_slice(tokens);
-        self.targets.clear();
-        self.targets.extend_from_slice(targets);
-        let s = self.shape;
-        let (c, f, nh) = (s.channels, s.ffn, s.heads);
-        let la = self.act_layout.as_ref().expect("ensured");
+        self.prepare(b, t, 1);
+        let loss = self.forward_part(0, &Alone, tokens, targets, None);
+        loss.expect("no communication").expect("the whole model has a head")
+    }
+
+    /// Backward of the last [`Gpt::forward`], accumulating `scale ×` the gradient of its mean
+    /// loss into `grads` (scale = 1 / microbatches for gradient accumulation).
+    pub fn backward(&mut self, scale: R) {
+        self.backward_part(0, &Alone, None, scale).expect("no communication");
+    }
+
+    /// Forward one microbatch through this part into `slot`: from the tokens if the part holds
+    /// the embedding, else from `input` [N, C]. Returns the mean loss if it holds the head.
+    pub fn forward_part(
+        &mut self,
+        slot: usize,
+        tp: &dyn TpGroup<R>,
+        tokens: &[u32],
+        targets: &[u32],
+        input: Option<&[R]>,
+    ) -> Result<Option<R>, CommError> {
+        let d = Dims::new(&self.shape, &self.layout.part);
+        let part = &self.layout.part;
+        let first = part.tp_rank == 0;
+        let sl = &mut self.slots[slot];
+        sl.tokens.clear();
+        sl.tokens.extend_from_slice(tokens);
+        sl.targets.clear();
+        sl.targets.extend_from_slice(targets);
+        let la = &sl.act;
+        let (b, t) = (la.b, la.t);
         let p = &self.params;
         let pl = &self.layout;
         let a = &mut self.acts;
-        encoder_forward(
-            &mut a[la.encoded.clone()],
-            tokens,
-            &p[pl.wte.clone()],
-            &p[pl.wpe.clone()],
-            t,
-            c,
-        );
-        for l in 0..s.layers {
-            let (bp, ba) = (&pl.blocks[l], &la.blocks[l]);
-            let input = if l == 0 {
-                la.encoded.clone()
-            } else {
-                la.blocks[l - 1].res3.clone()
-            };
-            let [ln1, m1, r1, qkv, att, atty, attproj, res2, ln2, m2, r2, fch, fchg, fcproj, res3, x] = parts(
-                a,
-                [
-                    &ba.ln1,
-                    &ba.ln1_mean,
-                    &ba.ln1_rstd,
-                    &ba.qkv,
-                    &ba.att,
-                    &ba.atty,
-                    &ba.attproj,
-                    &ba.res2,
-                    &ba.ln2,
-                    &ba.ln2_mean,
-                    &ba.ln2_rstd,
-                    &ba.fch,
-                    &ba.fch_gelu,
-                    &ba.fcproj,
-                    &ba.res3,
-                    &input,
-                ],
-            );
-            layernorm_forward(ln1, m1, r1, x, &p[bp.ln1w.clone()], &p[bp.ln1b.clone()], c);
-            matmul_forward(qkv, ln1, &p[bp.qkvw.clone()], Some(&p[bp.qkvb.clone()]), c, 3 * c);
-            attention_forward(atty, att, qkv, b, t, c, nh);
-            matmul_forward(attproj, atty, &p[bp.projw.clone()], Some(&p[bp.projb.clone()]), c, c);
-            residual_forward(res2, x, attproj);
-            layernorm_forward(ln2, m2, r2, res2, &p[bp.ln2w.clone()], &p[bp.ln2b.clone()], c);
-            matmul_forward(fch, ln2, &p[bp.fcw.clone()], Some(&p[bp.fcb.clone()]), c, f);
-            gelu_forward(fchg, fch);
-            matmul_forward(fcproj, fchg, &p[bp.fcprojw.clone()], Some(&p[bp.fcprojb.clone()]), f, c);
-            residual_forward(res3, res2, fcproj);
+        if part.embed {
+            let out = &mut a[la.encoded.clone()];
+            let wpe = first.then(|| &p[pl.wpe.clone()]);
+            encoder_forward(out, tokens, &p[pl.wte.clone()], d.vlo, wpe, t, d.c);
+            tp.all_reduce(out)?; // g: the vocabulary shards' partial embeddings
+        } else {
+            a[la.encoded.clone()].copy_from_slice(input.expect("a part without the embedding gets its input"));
         }
-        let last = la.blocks[s.layers - 1].res3.clone();
-        let [lnf, mf, rf, logits, probs, losses, x] = parts(
+        for l in 0..pl.blocks.len() {
+            block_forward(
+                p,
+                &pl.blocks[l],
+                a,
+                &la.blocks[l],
+                &la.block_input(l),
+                &d,
+                b,
+                t,
+                first,
+                tp,
+            )?;
+        }
+        if !part.head {
+            return Ok(None);
+        }
+        let x = la.output();
+        let [lnf, mf, rf, logits, probs, losses, cmax, cstats, x] = parts(
             a,
             [
                 &la.lnf,
@@ -490,79 +792,86 @@ impl<R: Real> Gpt<R> {
                 &la.logits,
                 &la.probs,
                 &la.losses,
-                &last,
+                &la.ce_max,
+                &la.ce_stats,
+                &x,
             ],
         );
-        layernorm_forward(lnf, mf, rf, x, &p[pl.lnfw.clone()], &p[pl.lnfb.clone()], c);
-        matmul_forward(logits, lnf, &p[pl.wte.clone()], None, c, s.padded_vocab);
-        crossentropy_forward(probs, losses, logits, targets, s.vocab, s.padded_vocab);
+        layernorm_forward(lnf, mf, rf, x, &p[pl.lnfw.clone()], &p[pl.lnfb.clone()], d.c);
+        matmul_forward(logits, lnf, &p[pl.wte.clone()], None, d.c, d.vl); // f: identity forward
+        crossentropy_max(cmax, logits, d.valid, d.vl);
+        tp.max_stats(cmax)?;
+        crossentropy_exp(probs, cstats, logits, cmax, targets, d.vlo, d.valid, d.vl);
+        tp.sum_stats(cstats)?;
+        crossentropy_normalize(probs, losses, cstats, d.vl);
         let n = R::of((b * t) as f64);
-        losses.iter().copied().sum::<R>() / n
+        Ok(Some(losses.iter().copied().sum::<R>() / n))
     }
 
-    /// Backward of the last forward, accumulating `scale ×` the gradient of its mean loss into
-    /// `grads` (scale = 1 / microbatches for gradient accumulation).
-    pub fn backward(&mut self, scale: R) {
-        let s = self.shape;
-        let (c, f, nh) = (s.channels, s.ffn, s.heads);
-        let la = self.act_layout.as_ref().expect("backward after forward");
+    /// The output [N, C] of the last forward into `slot` (what the next stage receives).
+    pub fn output(&self, slot: usize) -> &[R] {
+        &self.acts[self.slots[slot].act.output()]
+    }
+
+    /// Backward of the forward in `slot`, accumulating `scale ×` the gradient of its mean loss
+    /// into `grads`: from the loss if the part holds the head, else from `dout` [N, C], the
+    /// gradient at its output. Afterwards [`Gpt::input_grad`] holds the gradient at its input.
+    pub fn backward_part(
+        &mut self,
+        slot: usize,
+        tp: &dyn TpGroup<R>,
+        dout: Option<&[R]>,
+        scale: R,
+    ) -> Result<(), CommError> {
+        let d = Dims::new(&self.shape, &self.layout.part);
+        let part = self.layout.part.clone();
+        let first = part.tp_rank == 0;
+        let sl = &self.slots[slot];
+        let la = &sl.act;
         let (b, t) = (la.b, la.t);
         let p = &self.params;
         let pl = &self.layout;
-        let a = &self.acts;
         let g = &mut self.grads;
-        let gl = self.grad_layout.as_ref().expect("backward after forward");
-        let d = &mut self.dacts;
-        d.iter_mut().for_each(|x| *x = R::zero());
-        let dloss = scale / R::of((b * t) as f64);
-        let last = la.blocks[s.layers - 1].res3.clone();
-        // dres[cur] is the gradient of the residual stream at the current block's output.
+        let gl = self.grad_layout.as_ref().expect("prepared");
+        let dd = &mut self.dacts;
+        let c = d.c;
         let mut cur = 0;
-        {
-            let [dlogits, dlnf, dx] = parts(d, [&gl.dlogits, &gl.dlnf, &gl.dres[cur]]);
-            crossentropy_backward(
-                dlogits,
-                &a[la.probs.clone()],
-                &self.targets,
-                dloss,
-                s.vocab,
-                s.padded_vocab,
-            );
+        dd[gl.dres[cur].clone()].iter_mut().for_each(|x| *x = R::zero());
+        if part.head {
+            let a = &self.acts;
+            dd[gl.dlogits.clone()].iter_mut().for_each(|x| *x = R::zero());
+            dd[gl.dlnf.clone()].iter_mut().for_each(|x| *x = R::zero());
+            let dloss = scale / R::of((b * t) as f64);
+            let [dlogits, dlnf, dx] = parts(dd, [&gl.dlogits, &gl.dlnf, &gl.dres[cur]]);
+            crossentropy_backward(dlogits, &a[la.probs.clone()], &sl.targets, d.vlo, dloss, d.valid, d.vl);
             let [dwte, dlnfw, dlnfb] = parts(g, [&pl.wte, &pl.lnfw, &pl.lnfb]);
-            matmul_backward(
-                dlnf,
-                dwte,
-                None,
-                dlogits,
-                &a[la.lnf.clone()],
-                &p[pl.wte.clone()],
-                c,
-                s.padded_vocab,
-            );
-            layernorm_backward(
-                dx,
-                dlnfw,
-                dlnfb,
-                dlnf,
-                &a[last.clone()],
-                &p[pl.lnfw.clone()],
-                &a[la.lnf_mean.clone()],
-                &a[la.lnf_rstd.clone()],
-                c,
-            );
+            let (lnf, wte) = (&a[la.lnf.clone()], &p[pl.wte.clone()]);
+            matmul_backward(dlnf, dwte, None, dlogits, lnf, wte, c, d.vl);
+            tp.all_reduce(dlnf)?; // f: the head's input gradient
+            let (mean, rstd) = (&a[la.lnf_mean.clone()], &a[la.lnf_rstd.clone()]);
+            let x = &a[la.output()];
+            layernorm_backward(dx, dlnfw, dlnfb, dlnf, x, &p[pl.lnfw.clone()], mean, rstd, c);
+        } else {
+            dd[gl.dres[cur].clone()].copy_from_slice(dout.expect("a part without the head gets its output gradient"));
         }
-        for l in (0..s.layers).rev() {
+        for l in (0..pl.blocks.len()).rev() {
             let (bp, ba) = (&pl.blocks[l], &la.blocks[l]);
-            let input = if l == 0 {
-                la.encoded.clone()
-            } else {
-                la.blocks[l - 1].res3.clone()
-            };
+            let input = la.block_input(l);
+            match part.recompute {
+                Recompute::Full => block_forward(p, bp, &mut self.acts, ba, &input, &d, b, t, first, tp)?,
+                Recompute::Selective => {
+                    // the attention core again, into its scratch (atty is rewritten with the same values)
+                    let [atty, att, qkv] = parts(&mut self.acts, [&ba.atty, &ba.att, &ba.qkv]);
+                    attention_forward(atty, att, qkv, b, t, d.cl, d.nh);
+                }
+                Recompute::None => {}
+            }
+            let a = &self.acts;
             // this block's scratch and the input gradient start from zero (kernels accumulate)
-            d[gl.block_scratch()].iter_mut().for_each(|x| *x = R::zero());
-            d[gl.dres[1 - cur].clone()].iter_mut().for_each(|x| *x = R::zero());
+            dd[gl.block_scratch()].iter_mut().for_each(|x| *x = R::zero());
+            dd[gl.dres[1 - cur].clone()].iter_mut().for_each(|x| *x = R::zero());
             let [dln1, dqkv, datty, dattproj, dres2, dln2, dfch, dfchg, dfcproj, dres3, dx] = parts(
-                d,
+                dd,
                 [
                     &gl.dln1,
                     &gl.dqkv,
@@ -594,85 +903,119 @@ impl<R: Real> Gpt<R> {
                     &bp.fcprojb,
                 ],
             );
+            let w = |r: &Range<usize>| &p[r.clone()];
+            let x = |r: &Range<usize>| &a[r.clone()];
             residual_backward(dres2, dfcproj, dres3);
+            // g's backward is the identity: dfcproj is whole on every rank
             matmul_backward(
                 dfchg,
                 dfcprojw,
                 Some(dfcprojb),
                 dfcproj,
-                &a[ba.fch_gelu.clone()],
-                &p[bp.fcprojw.clone()],
-                f,
+                x(&ba.fch_gelu),
+                w(&bp.fcprojw),
+                d.f,
                 c,
             );
-            gelu_backward(dfch, &a[ba.fch.clone()], dfchg);
-            matmul_backward(
-                dln2,
-                dfcw,
-                Some(dfcb),
-                dfch,
-                &a[ba.ln2.clone()],
-                &p[bp.fcw.clone()],
-                c,
-                f,
-            );
-            layernorm_backward(
-                dres2,
-                dln2w,
-                dln2b,
-                dln2,
-                &a[ba.res2.clone()],
-                &p[bp.ln2w.clone()],
-                &a[ba.ln2_mean.clone()],
-                &a[ba.ln2_rstd.clone()],
-                c,
-            );
+            gelu_backward(dfch, x(&ba.fch), dfchg);
+            matmul_backward(dln2, dfcw, Some(dfcb), dfch, x(&ba.ln2), w(&bp.fcw), c, d.f);
+            tp.all_reduce(dln2)?; // f
+            let (m2, r2) = (x(&ba.ln2_mean), x(&ba.ln2_rstd));
+            layernorm_backward(dres2, dln2w, dln2b, dln2, x(&ba.res2), w(&bp.ln2w), m2, r2, c);
             residual_backward(dx, dattproj, dres2);
             matmul_backward(
                 datty,
                 dprojw,
                 Some(dprojb),
                 dattproj,
-                &a[ba.atty.clone()],
-                &p[bp.projw.clone()],
-                c,
-                c,
-            );
-            attention_backward(dqkv, datty, &a[ba.qkv.clone()], &a[ba.att.clone()], b, t, c, nh);
-            matmul_backward(
-                dln1,
-                dqkvw,
-                Some(dqkvb),
-                dqkv,
-                &a[ba.ln1.clone()],
-                &p[bp.qkvw.clone()],
-                c,
-                3 * c,
-            );
-            layernorm_backward(
-                dx,
-                dln1w,
-                dln1b,
-                dln1,
-                &a[input.clone()],
-                &p[bp.ln1w.clone()],
-                &a[ba.ln1_mean.clone()],
-                &a[ba.ln1_rstd.clone()],
+                x(&ba.atty),
+                w(&bp.projw),
+                d.cl,
                 c,
             );
+            attention_backward(dqkv, datty, x(&ba.qkv), x(&ba.att), b, t, d.cl, d.nh);
+            matmul_backward(dln1, dqkvw, Some(dqkvb), dqkv, x(&ba.ln1), w(&bp.qkvw), c, 3 * d.cl);
+            tp.all_reduce(dln1)?; // f
+            let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
+            layernorm_backward(dx, dln1w, dln1b, dln1, x(&input), w(&bp.ln1w), m1, r1, c);
             cur = 1 - cur;
         }
-        let [dwte, dwpe] = parts(g, [&pl.wte, &pl.wpe]);
-        encoder_backward(dwte, dwpe, &d[gl.dres[cur].clone()], &self.tokens, t, c);
+        if part.embed {
+            let [dwte, dwpe] = parts(g, [&pl.wte, &pl.wpe]);
+            // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
+            encoder_backward(dwte, d.vlo, Some(dwpe), &dd[gl.dres[cur].clone()], &sl.tokens, t, c);
+        }
+        self.dinput = cur;
+        Ok(())
+    }
+
+    /// The gradient at the part's input [N, C] after [`Gpt::backward_part`] (what the previous
+    /// stage receives).
+    pub fn input_grad(&self) -> &[R] {
+        &self.dacts[self.grad_layout.as_ref().expect("after backward").dres[self.dinput].clone()]
     }
 
     pub fn zero_grad(&mut self) {
         self.grads.iter_mut().for_each(|x| *x = R::zero());
     }
 
-    /// Logits of the last forward, [B·T, Vp].
+    /// Logits of the last forward, [B·T, Vp/tp].
     pub fn logits(&self) -> &[R] {
-        let la = self.act_layout.as_ref().expect("after forward");
-        &self.acts[la.logits.clone()]
+        &self.acts[self.slots[0].act.logits.clone()]
     }
+}
+
+/// One block's forward over a (B, T) microbatch, reading `input` and writing the block's
+/// activations; a row-parallel layer's bias is added by tp rank 0 (`first`) only, before the
+/// all-reduce sums the partial products.
+#[allow(clippy::too_many_arguments)]
+fn block_forward<R: Real>(
+    p: &[R],
+    bp: &BlockParams,
+    a: &mut [R],
+    ba: &BlockActs,
+    input: &Range<usize>,
+    d: &Dims,
+    b: usize,
+    t: usize,
+    first: bool,
+    tp: &dyn TpGroup<R>,
+) -> Result<(), CommError> {
+    let [ln1, m1, r1, qkv, att, atty, attproj, res2, ln2, m2, r2, fch, fchg, fcproj, res3, x] = parts(
+        a,
+        [
+            &ba.ln1,
+            &ba.ln1_mean,
+            &ba.ln1_rstd,
+            &ba.qkv,
+            &ba.att,
+            &ba.atty,
+            &ba.attproj,
+            &ba.res2,
+            &ba.ln2,
+            &ba.ln2_mean,
+            &ba.ln2_rstd,
+            &ba.fch,
+            &ba.fch_gelu,
+            &ba.fcproj,
+            &ba.res3,
+            input,
+        ],
+    );
+    let w = |r: &Range<usize>| &p[r.clone()];
+    let bias = |r: &Range<usize>| first.then(|| &p[r.clone()]);
+    let c = d.c;
+    layernorm_forward(ln1, m1, r1, x, w(&bp.ln1w), w(&bp.ln1b), c);
+    matmul_forward(qkv, ln1, w(&bp.qkvw), Some(w(&bp.qkvb)), c, 3 * d.cl); // f: identity forward
+    attention_forward(atty, att, qkv, b, t, d.cl, d.nh);
+    matmul_forward(attproj, atty, w(&bp.projw), bias(&bp.projb), d.cl, c);
+    tp.all_reduce(attproj)?; // g
+    residual_forward(res2, x, attproj);
+    layernorm_forward(ln2, m2, r2, res2, w(&bp.ln2w), w(&bp.ln2b), c);
+    matmul_forward(fch, ln2, w(&bp.fcw), Some(w(&bp.fcb)), c, d.f); // f: identity forward
+    gelu_forward(fchg, fch);
+    matmul_forward(fcproj, fchg, w(&bp.fcprojw), bias(&bp.fcprojb), d.f, c);
+    tp.all_reduce(fcproj)?; // g
+    residual_forward(res3, res2, fcproj);
+    Ok(())
 }

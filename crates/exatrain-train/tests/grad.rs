@@ -130,10 +130,10 @@ fn gelu_residual_encoder_crossentropy_backward_match_finite_differences() {
     let wpe = rand_vec(t * c, 14);
     let proj = rand_vec(tokens.len() * c, 15);
     let (mut dwte, mut dwpe) = (vec![0.0; v * c], vec![0.0; t * c]);
-    encoder_backward(&mut dwte, &mut dwpe, &proj, &tokens, t, c);
+    encoder_backward(&mut dwte, 0, Some(&mut dwpe), &proj, &tokens, t, c);
     let enc = |wte: &[f64], wpe: &[f64]| {
         let mut o = vec![0.0; tokens.len() * c];
-        encoder_forward(&mut o, &tokens, wte, wpe, t, c);
+        encoder_forward(&mut o, &tokens, wte, 0, Some(wpe), t, c);
         dot(&o, &proj)
     };
     check("encoder dwte", &mut wte.clone(), &dwte, &mut |w| enc(w, &wpe));
@@ -150,7 +150,7 @@ fn gelu_residual_encoder_crossentropy_backward_match_finite_differences() {
     let (mut p, mut l) = (vec![0.0; rows * vp], vec![0.0; rows]);
     crossentropy_forward(&mut p, &mut l, &logits, &targets, 5, vp);
     let mut dl = vec![0.0; rows * vp];
-    crossentropy_backward(&mut dl, &p, &targets, 1.0 / rows as f64, 5, vp);
+    crossentropy_backward(&mut dl, &p, &targets, 0, 1.0 / rows as f64, 5, vp);
     check("crossentropy", &mut logits.clone(), &dl, &mut |lg| loss(lg));
     assert!(dl[5] == 0.0 && dl[6] == 0.0, "padded vocabulary gets no gradient");
 }
