@@ -36,8 +36,11 @@ pub trait Communicator {
     fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError>;
     /// Every rank's `buf` ends as `root`'s.
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError>;
-    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError>;
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError>;
+    /// Send `buf` to rank `to` without waiting for the receiver (the buffer is copied); messages
+    /// between a pair of ranks with the same `tag` arrive in the order sent.
+    fn send(&self, to: usize, tag: u32, buf: &[f32]) -> Result<(), CommError>;
+    /// Receive the next message from `from` with `tag` into `buf` (its length must match).
+    fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError>;
     fn barrier(&self) -> Result<(), CommError>;
     /// Ranks with the same `color` form a new group, ordered by `key` (MPI_Comm_split).
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError>;
@@ -58,6 +61,15 @@ struct State {
     splits: HashMap<(u64, usize), Arc<Hub>>,
 }
 
+type Message = (u32, Vec<f32>);
+
+/// The receiving end of one (from → to) channel, with the messages that arrived ahead of a
+/// receive for another tag.
+struct Mailbox {
+    rx: Receiver<Message>,
+    early: Vec<Message>,
+}
+
 /// The shared meeting point of one group of in-process ranks.
 struct Hub {
     n: usize,
@@ -65,19 +77,19 @@ struct Hub {
     cv: Condvar,
     timeout: Duration,
     /// mailboxes[to][from]
-    senders: Vec<Vec<Mutex<Sender<Vec<f32>>>>>,
-    receivers: Vec<Vec<Mutex<Receiver<Vec<f32>>>>>,
+    senders: Vec<Vec<Mutex<Sender<Message>>>>,
+    receivers: Vec<Vec<Mutex<Mailbox>>>,
 }
 
 impl Hub {
     fn new(n: usize, timeout: Duration) -> Arc<Hub> {
-        let mut senders: Vec<Vec<Mutex<Sender<Vec<f32>>>>> = (0..n).map(|_| Vec::new()).collect();
-        let mut receivers: Vec<Vec<Mutex<Receiver<Vec<f32>>>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut senders: Vec<Vec<Mutex<Sender<Message>>>> = (0..n).map(|_| Vec::new()).collect();
+        let mut receivers: Vec<Vec<Mutex<Mailbox>>> = (0..n).map(|_| Vec::new()).collect();
         for to in 0..n {
             for _from in 0..n {
-                let (s, r) = channel();
+                let (s, rx) = channel();
                 senders[to].push(Mutex::new(s));
-                receivers[to].push(Mutex::new(r));
+                receivers[to].push(Mutex::new(Mailbox { rx, early: Vec::new() }));
             }
         }
         let state = State {
@@ -222,47 +234,50 @@ impl Communicator for InProcess {
         Ok(())
     }
 
-    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError> {
+    fn send(&self, to: usize, tag: u32, buf: &[f32]) -> Result<(), CommError> {
         self.hub.senders[to][self.rank]
             .lock()
             .expect("mailbox")
-            .send(buf.to_vec())
+            .send((tag, buf.to_vec()))
             .map_err(|_| CommError(format!("rank {}: send to rank {to}: the group is gone", self.rank)))
     }
 
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError> {
-        let rx = self.hub.receivers[self.rank][from].lock().expect("mailbox");
+    fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError> {
+        let mut mb = self.hub.receivers[self.rank][from].lock().expect("mailbox");
         let deadline = Instant::now() + self.hub.timeout;
-        loop {
+        let got = loop {
+            if let Some(i) = mb.early.iter().position(|m| m.0 == tag) {
+                break mb.early.remove(i).1;
+            }
             if let Some(f) = &self.hub.state.lock().expect("comm lock").failed {
                 return Err(CommError(format!(
                     "rank {}: recv from rank {from}: the group was aborted: {f}",
                     self.rank
                 )));
             }
-            match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(v) if v.len() == buf.len() => {
-                    buf.copy_from_slice(&v);
-                    return Ok(());
-                }
-                Ok(v) => {
-                    return Err(CommError(format!(
-                        "rank {}: recv from rank {from}: got {} values, expected {}",
-                        self.rank,
-                        v.len(),
-                        buf.len()
-                    )))
-                }
+            match mb.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(m) if m.0 == tag => break m.1,
+                Ok(m) => mb.early.push(m),
                 Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => continue,
                 Err(_) => {
                     return Err(CommError(format!(
-                        "rank {}: recv from rank {from} timed out after {:.0} s",
+                        "rank {}: recv from rank {from} (tag {tag}) timed out after {:.0} s",
                         self.rank,
                         self.hub.timeout.as_secs_f64()
                     )))
                 }
             }
+        };
+        if got.len() != buf.len() {
+            return Err(CommError(format!(
+                "rank {}: recv from rank {from}: got {} values, expected {}",
+                self.rank,
+                got.len(),
+                buf.len()
+            )));
         }
+        buf.copy_from_slice(&got);
+        Ok(())
     }
 
     fn barrier(&self) -> Result<(), CommError> {
@@ -362,11 +377,11 @@ impl Communicator for Metered<'_> {
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
         self.record(self.ring(buf.len()), || self.inner.broadcast(buf, root))
     }
-    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError> {
-        self.record((buf.len() * 4) as f64, || self.inner.send(to, buf))
+    fn send(&self, to: usize, tag: u32, buf: &[f32]) -> Result<(), CommError> {
+        self.record((buf.len() * 4) as f64, || self.inner.send(to, tag, buf))
     }
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError> {
-        self.record(0.0, || self.inner.recv(from, buf))
+    fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError> {
+        self.record(0.0, || self.inner.recv(from, tag, buf))
     }
     fn barrier(&self) -> Result<(), CommError> {
         self.record(0.0, || self.inner.barrier())

@@ -2,15 +2,61 @@
 //! Sub-communicators come from `MPI_Comm_split`; `abort` is `MPI_Abort`, which ends the whole
 //! job, so a failing rank never leaves the others hanging.
 
+use std::cell::RefCell;
+
 use mpi::collective::SystemOperation;
+use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::comm::CommError;
 
-/// One MPI rank of a communicator.
+/// A send in flight: its request and the copy of the data it reads (freed when it completes).
+struct Pending {
+    request: Request<'static, [f32], StaticScope>,
+    data: *mut [f32],
+}
+
+/// One MPI rank of a communicator. Sends are non-blocking (`MPI_Isend` of a copy), so a
+/// pipeline schedule never deadlocks on two neighbours sending to each other at once, as it
+/// would with blocking sends above the eager limit; they are completed as later calls pass.
 pub struct Mpi {
     comm: SimpleCommunicator,
+    pending: RefCell<Vec<Pending>>,
+}
+
+impl Mpi {
+    fn new(comm: SimpleCommunicator) -> Mpi {
+        Mpi {
+            comm,
+            pending: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Free the sends that have completed.
+    fn reap(&self) {
+        let mut pending = self.pending.borrow_mut();
+        let mut still = Vec::with_capacity(pending.len());
+        for p in pending.drain(..) {
+            match p.request.test() {
+                // SAFETY: the request is complete, so MPI no longer reads the buffer that was
+                // leaked from a Box in `send`.
+                Ok(_) => drop(unsafe { Box::from_raw(p.data) }),
+                Err(request) => still.push(Pending { request, ..p }),
+            }
+        }
+        *pending = still;
+    }
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        for p in self.pending.get_mut().drain(..) {
+            p.request.wait();
+            // SAFETY: as in `reap`, the send is complete.
+            drop(unsafe { Box::from_raw(p.data) });
+        }
+    }
 }
 
 impl Mpi {
@@ -19,7 +65,7 @@ impl Mpi {
         let universe =
             mpi::initialize().ok_or_else(|| CommError("MPI is already initialized or not available".into()))?;
         let comm = universe.world();
-        Ok((universe, Mpi { comm }))
+        Ok((universe, Mpi::new(comm)))
     }
 }
 
@@ -53,13 +99,23 @@ impl crate::comm::Communicator for Mpi {
         Ok(())
     }
 
-    fn send(&self, to: usize, buf: &[f32]) -> Result<(), CommError> {
-        self.comm.process_at_rank(to as i32).send(buf);
+    fn send(&self, to: usize, tag: u32, buf: &[f32]) -> Result<(), CommError> {
+        self.reap();
+        let data: &'static mut [f32] = Box::leak(buf.to_vec().into_boxed_slice());
+        let ptr: *mut [f32] = data;
+        // SAFETY: `ptr` points to the leaked copy, alive until the request completes.
+        let data: &'static [f32] = unsafe { &*ptr };
+        let request = self
+            .comm
+            .process_at_rank(to as i32)
+            .immediate_send_with_tag(StaticScope, data, tag as i32);
+        self.pending.borrow_mut().push(Pending { request, data: ptr });
         Ok(())
     }
 
-    fn recv(&self, from: usize, buf: &mut [f32]) -> Result<(), CommError> {
-        self.comm.process_at_rank(from as i32).receive_into(buf);
+    fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError> {
+        self.reap();
+        self.comm.process_at_rank(from as i32).receive_into_with_tag(buf, tag as i32);
         Ok(())
     }
 
@@ -78,7 +134,7 @@ impl crate::comm::Communicator for Mpi {
                     self.comm.rank()
                 ))
             })?;
-        Ok(Box::new(Mpi { comm }))
+        Ok(Box::new(Mpi::new(comm)))
     }
 
     fn abort(&self, why: &str) {

@@ -103,9 +103,9 @@ fn collectives_are_correct_and_bit_identical_on_every_rank() {
                     // a ring of send/recv
                     let next = (c.rank() + 1) % n;
                     let prev = (c.rank() + n - 1) % n;
-                    c.send(next, &[r]).unwrap();
+                    c.send(next, 0, &[r]).unwrap();
                     let mut got = [0.0];
-                    c.recv(prev, &mut got).unwrap();
+                    c.recv(prev, 0, &mut got).unwrap();
                     c.barrier().unwrap();
                     (a, g, mine, bc, got[0])
                 })
