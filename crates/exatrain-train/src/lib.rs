@@ -16,6 +16,7 @@ pub mod hf;
 pub mod kernels;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 mod real;
 pub mod train;
 

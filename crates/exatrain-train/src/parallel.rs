@@ -1,0 +1,734 @@
+//! 3D-parallel training over any [`Communicator`]: the planner's [`ParallelConfig`] run as is.
+//!
+//! Rank `r` sits at (tp, dp, pp) = `pc.coords(r)`; groups are split from the world by the rank
+//! grid. Each rank holds `virtual_stages` model chunks ([`Part`]s): chunk `c` of pipeline rank
+//! `p` is virtual stage `c·pp + p`, owning layers `[s·L/(pp·v), (s+1)·L/(pp·v))`, the first
+//! stage the embedding, the last the head and loss, each cut into the rank's tensor-parallel
+//! shard. One executor runs the pipeline schedule ([`exatrain_parallel::schedule`]) — a list of
+//! (microbatch, chunk, forward|backward) steps — sending activations forward and their gradients
+//! back between neighbouring stages. Then the data-parallel reduction (ZeRO 0, 1 or 2), the tied
+//! embedding's reduction between the first and the last stage, clipping to the global norm
+//! across every rank, and AdamW on the rank's (sharded) state.
+//!
+//! With fp32, the same seed and data, every layout trains what one process trains, up to the
+//! order of floating-point sums: tested for every factorization of 8 ranks.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Instant;
+
+use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered};
+use exatrain_parallel::schedule::{self, Kind, Pass};
+use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
+use serde::Serialize;
+
+use crate::data::{self, Dataset};
+use crate::model::{Gpt, GptShape, Part, TpGroup};
+use crate::optim::{lr_at, AdamW, AdamWConfig};
+use crate::train::TrainConfig;
+
+/// The pipeline schedule when `virtual_stages` is 1 (more than 1 always runs interleaved 1F1B).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// All forwards, then all backwards.
+    #[serde(rename = "gpipe")]
+    GPipe,
+    /// One forward, one backward after a warm-up (Megatron's default).
+    #[default]
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "gpipe" => Ok(Schedule::GPipe),
+            "1f1b" => Ok(Schedule::OneFOneB),
+            _ => Err(SpecError::new(format!("--schedule {s} is not known (allowed: gpipe, 1f1b)"))),
+        }
+    }
+}
+
+/// Seconds per step in each term, with the planner's `time_s` names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Times {
+    /// forward and backward kernels (recomputation included), communication excluded
+    pub compute: f64,
+    /// tensor-parallel all-reduces
+    pub tp_comm: f64,
+    /// pipeline sends
+    pub pp_comm: f64,
+    /// data-parallel gradient/parameter collectives and the tied embedding's all-reduce
+    pub dp_comm: f64,
+    /// waiting for a neighbouring stage (receives)
+    pub bubble: f64,
+    /// global norm, clipping and AdamW
+    pub optimizer: f64,
+}
+
+/// Bytes one rank sends per step in each collective kind (ring count, as the planner's
+/// `comm_bytes`: an all-reduce of M bytes over n ranks sends 2(n−1)/n·M).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CommBytes {
+    pub tp: f64,
+    pub pp: f64,
+    pub dp: f64,
+    /// the tied embedding's gradient between the first and the last stage (pp > 1)
+    pub embedding: f64,
+}
+
+/// Bytes held, with the planner's `memory_bytes` names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct MemoryBytes {
+    pub weights: usize,
+    /// gradients kept across the step's microbatches (ZeRO-2: the shard)
+    pub gradients: usize,
+    pub optimizer: usize,
+    /// activations kept for backward, all in-flight microbatches
+    pub activations: usize,
+    /// the backward workspace, the recompute scratch and (ZeRO-2) the per-microbatch gradient
+    /// buffer that is reduce-scattered after each backward (the planner does not count these)
+    pub workspace: usize,
+}
+
+/// One rank's measurements.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RankReport {
+    pub rank: usize,
+    pub tp: u32,
+    pub dp: u32,
+    pub pp: u32,
+    /// mean over the steps after the first (all steps if only one)
+    pub step_s: f64,
+    pub time_s: Times,
+    pub comm_bytes: CommBytes,
+    pub memory_bytes: MemoryBytes,
+}
+
+/// What one rank ends with.
+#[derive(Debug, Clone)]
+pub struct RankResult {
+    /// Mean training loss of each step (the same on every rank).
+    pub losses: Vec<f64>,
+    /// Global gradient norm of each step, before clipping.
+    pub grad_norms: Vec<f64>,
+    /// Wall time of each step on this rank.
+    pub step_seconds: Vec<f64>,
+    pub report: RankReport,
+    /// Each chunk's part and final parameters.
+    pub chunks: Vec<(Part, Vec<f32>)>,
+}
+
+fn comm_err(e: CommError) -> SpecError {
+    SpecError::new(e.0)
+}
+
+/// The communicators of one rank, split from the world by the rank grid.
+struct Groups {
+    tp: Box<dyn Communicator>,
+    pp: Box<dyn Communicator>,
+    dp: Box<dyn Communicator>,
+    /// the first and the last pipeline stage of this (tp, dp) column, for the tied embedding
+    embedding: Box<dyn Communicator>,
+}
+
+fn split_groups(world: &dyn Communicator, pc: &ParallelConfig) -> Result<Groups, CommError> {
+    let (t, d, p) = pc.coords(world.rank() as u32);
+    // colour = the rank with this group's own coordinate at 0: the same for all members
+    let tp = world.split(pc.rank(0, d, p) as usize, t as usize)?;
+    let dp = world.split(pc.rank(t, 0, p) as usize, d as usize)?;
+    let pp = world.split(pc.rank(t, d, 0) as usize, p as usize)?;
+    let ends = p == 0 || p == pc.pp - 1;
+    let colour = if ends {
+        pc.rank(t, d, 0) as usize
+    } else {
+        world.size() + world.rank()
+    };
+    let embedding = world.split(colour, p as usize)?;
+    Ok(Groups { tp, pp, dp, embedding })
+}
+
+/// The tensor-parallel group as the model uses it: activation all-reduces metered, the
+/// cross-entropy's small statistics not.
+struct TpComm<'a> {
+    act: &'a Metered<'a>,
+    stats: &'a dyn Communicator,
+}
+
+impl TpGroup<f32> for TpComm<'_> {
+    fn size(&self) -> usize {
+        self.stats.size()
+    }
+    fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        if self.size() > 1 {
+            self.act.all_reduce(buf)?;
+        }
+        Ok(())
+    }
+    fn max_stats(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let n = self.size();
+        if n > 1 {
+            let mut all = vec![0.0f32; n * buf.len()];
+            self.stats.all_gather(buf, &mut all)?;
+            let len = buf.len();
+            for (i, x) in buf.iter_mut().enumerate() {
+                *x = (0..n).map(|r| all[r * len + i]).fold(f32::NEG_INFINITY, f32::max);
+            }
+        }
+        Ok(())
+    }
+    fn sum_stats(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        if self.size() > 1 {
+            self.stats.all_reduce(buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// A chunk's buffer cut into regions sharded separately over the data-parallel group: the tied
+/// embedding apart from the rest, so that the first and the last stage shard it alike.
+struct Regions {
+    /// (range in the chunk's buffer, shard length = ⌈len / dp⌉)
+    regions: Vec<(Range<usize>, usize)>,
+}
+
+impl Regions {
+    fn new(model: &Gpt<f32>, dp: usize) -> Regions {
+        let wte = model.layout.wte.clone();
+        let rest = wte.end..model.params.len();
+        let regions = [wte, rest]
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                let s = r.len().div_ceil(dp);
+                (r, s)
+            })
+            .collect();
+        Regions { regions }
+    }
+
+    /// This dp rank's piece of region k, in the chunk's buffer.
+    fn piece(&self, k: usize, dp_rank: usize) -> Range<usize> {
+        let (r, s) = &self.regions[k];
+        let lo = (r.start + dp_rank * s).min(r.end);
+        lo..(lo + s).min(r.end)
+    }
+}
+
+/// The ranges of `decayed` inside `piece`, relative to its start.
+fn decay_within(decayed: &[Range<usize>], piece: &Range<usize>) -> Vec<Range<usize>> {
+    decayed
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = (r.start.max(piece.start), r.end.min(piece.end));
+            (s < e).then(|| s - piece.start..e - piece.start)
+        })
+        .collect()
+}
+
+/// One model chunk of this rank with its optimizer and gradient shards.
+struct Chunk {
+    model: Gpt<f32>,
+    /// virtual stage index
+    stage: usize,
+    regions: Regions,
+    /// ZeRO ≥ 1: this rank's reduced gradient shard of each region (padded)
+    shard_grads: Vec<Vec<f32>>,
+    /// one AdamW per optimized piece: the whole buffer (ZeRO-0) or each region's piece
+    opts: Vec<(Range<usize>, AdamW<f32>)>,
+    /// which gradient elements this rank counts in the global norm
+    counted: Vec<bool>,
+    /// the embedding is tied to another rank's chunk (first and last stage differ)
+    tied: bool,
+    slots: usize,
+}
+
+/// How many microbatches of each chunk are in flight at most in `steps`.
+fn slots_needed(steps: &[schedule::Step], chunks: usize) -> Vec<usize> {
+    let (mut now, mut peak) = (vec![0usize; chunks], vec![0usize; chunks]);
+    for s in steps {
+        let c = s.chunk as usize;
+        match s.pass {
+            Pass::Forward => {
+                now[c] += 1;
+                peak[c] = peak[c].max(now[c]);
+            }
+            Pass::Backward => now[c] -= 1,
+        }
+    }
+    peak
+}
+
+/// Check a layout against the model, the world and the batch before any work starts.
+pub fn check(spec: &ModelSpec, cfg: &TrainConfig, pc: &ParallelConfig, world_size: usize) -> Result<(), SpecError> {
+    cfg.check()?;
+    if pc.gpus() as usize != world_size {
+        return Err(SpecError::new(format!(
+            "--tp {} × --pp {} × --dp {} = {} ranks, but the job has {world_size}",
+            pc.tp,
+            pc.pp,
+            pc.dp,
+            pc.gpus()
+        )));
+    }
+    pc.check(spec, pc.gpus()).map_err(|e| SpecError::new(e.to_string()))?;
+    if pc.micro_batch as usize != cfg.micro_batch || pc.global_batch as usize != cfg.global_batch {
+        return Err(SpecError::new(format!(
+            "the layout's batch ({} × {}) differs from the run's ({} × {})",
+            pc.micro_batch, pc.global_batch, cfg.micro_batch, cfg.global_batch
+        )));
+    }
+    if pc.zero > 2 {
+        return Err(SpecError::new(format!(
+            "--zero {}: the trainer implements ZeRO 0, 1 and 2",
+            pc.zero
+        )));
+    }
+    if pc.sequence_parallel {
+        return Err(SpecError::new(
+            "--sequence-parallel: the trainer does not implement sequence parallelism yet (the planner models it)",
+        ));
+    }
+    let shape = GptShape::from_spec(spec)?;
+    let mut part = Part::whole(&shape);
+    part.tp = pc.tp as usize;
+    part.check(&shape)?;
+    Ok(())
+}
+
+/// Train `cfg.steps` steps as rank `world.rank()` of the layout `pc`. On an error the rank
+/// aborts the world, so the other ranks stop at their next collective with a message naming it.
+pub fn train(
+    spec: &ModelSpec,
+    cfg: &TrainConfig,
+    pc: &ParallelConfig,
+    sched: Schedule,
+    data_dir: &Path,
+    world: &dyn Communicator,
+) -> Result<RankResult, SpecError> {
+    let r = run(spec, cfg, pc, sched, data_dir, world);
+    if let Err(e) = &r {
+        world.abort(&e.0);
+    }
+    r
+}
+
+fn run(
+    spec: &ModelSpec,
+    cfg: &TrainConfig,
+    pc: &ParallelConfig,
+    sched: Schedule,
+    data_dir: &Path,
+    world: &dyn Communicator,
+) -> Result<RankResult, SpecError> {
+    check(spec, cfg, pc, world.size())?;
+    let shape = GptShape::from_spec(spec)?;
+    let data = Dataset::open(data_dir, shape.max_seq)?;
+    let g = split_groups(world, pc).map_err(comm_err)?;
+    let (tp_i, dp_i, pp_i) = pc.coords(world.rank() as u32);
+    let (tp_i, dp_i, pp_i) = (tp_i as usize, dp_i as usize, pp_i as usize);
+    let (pp, dp, v) = (pc.pp as usize, pc.dp as usize, pc.virtual_stages as usize);
+    let stages = pp * v;
+    let per_stage = shape.layers / stages;
+    let m = pc.microbatches() as usize;
+    let kind = match (v, sched) {
+        (1, Schedule::GPipe) => Kind::GPipe,
+        (1, Schedule::OneFOneB) => Kind::OneFOneB,
+        _ => Kind::Interleaved { chunks: v as u32 },
+    };
+    let all_steps = schedule::schedule(kind, pp as u32, m as u32);
+    schedule::simulate(&all_steps, pp as u32, v as u32)
+        .map_err(|e| SpecError::new(format!("pipeline schedule {kind:?}: {e}")))?;
+    let steps = &all_steps[pp_i];
+    let slots = slots_needed(steps, v);
+
+    // --- this rank's chunks
+    let zero = pc.zero;
+    let adam = AdamWConfig {
+        lr: cfg.lr,
+        weight_decay: cfg.weight_decay,
+        ..Default::default()
+    };
+    let mut chunks: Vec<Chunk> = (0..v)
+        .map(|c| {
+            let stage = c * pp + pp_i;
+            let part = Part {
+                layers: stage * per_stage..(stage + 1) * per_stage,
+                embed: stage == 0,
+                head: stage == stages - 1,
+                tp: pc.tp as usize,
+                tp_rank: tp_i,
+                recompute: pc.recompute,
+            };
+            let mut model = Gpt::<f32>::new_part(shape, &part, cfg.seed);
+            model.prepare(cfg.micro_batch, shape.max_seq, slots[c]);
+            let regions = Regions::new(&model, dp);
+            let decayed = model.layout.decayed();
+            let pieces: Vec<Range<usize>> = if zero == 0 {
+                vec![0..model.params.len()]
+            } else {
+                (0..regions.regions.len()).map(|k| regions.piece(k, dp_i)).collect()
+            };
+            let opts = pieces
+                .into_iter()
+                .map(|p| {
+                    let o = AdamW::new(adam, p.len(), decay_within(&decayed, &p));
+                    (p, o)
+                })
+                .collect();
+            let tied = (part.embed || part.head) && !(part.embed && part.head);
+            let mut counted = vec![true; model.params.len()];
+            if tp_i > 0 {
+                for r in model.layout.tp_replicated() {
+                    counted[r].iter_mut().for_each(|x| *x = false);
+                }
+            }
+            if tied && part.head {
+                counted[model.layout.wte.clone()].iter_mut().for_each(|x| *x = false);
+            }
+            let shard_grads = if zero == 0 {
+                Vec::new()
+            } else {
+                regions.regions.iter().map(|(_, s)| vec![0.0f32; *s]).collect()
+            };
+            Chunk {
+                model,
+                stage,
+                regions,
+                shard_grads,
+                opts,
+                counted,
+                tied,
+                slots: slots[c],
+            }
+        })
+        .collect();
+
+    // --- meters: what passes through each group
+    let tp_act = Metered::new(&*g.tp);
+    let tpc = TpComm {
+        act: &tp_act,
+        stats: &*g.tp,
+    };
+    let pp_send = Metered::new(&*g.pp);
+    let pp_recv = Metered::new(&*g.pp);
+    let dpm = Metered::new(&*g.dp);
+    let embm = Metered::new(&*g.embedding);
+
+    let t = shape.max_seq;
+    let n_act = cfg.micro_batch * t * shape.channels;
+    let per_rank = cfg.global_batch / dp;
+    let scale = 1.0 / (m * dp) as f32;
+    let (mut tokens, mut targets) = (Vec::new(), Vec::new());
+    let mut buf = vec![0.0f32; n_act];
+    let (mut losses, mut grad_norms, mut step_seconds) = (Vec::new(), Vec::new(), Vec::new());
+    let mut sums: Vec<(Times, CommBytes)> = Vec::new();
+    for step in 0..cfg.steps {
+        let t_step = Instant::now();
+        let mut times = Times::default();
+        let mut bytes = CommBytes::default();
+        for c in &mut chunks {
+            c.model.zero_grad();
+            c.shard_grads.iter_mut().for_each(|s| s.iter_mut().for_each(|x| *x = 0.0));
+        }
+        let mut loss = 0.0f64;
+        let mut slot_of: HashMap<(u32, u32), usize> = HashMap::new();
+        let mut free: Vec<Vec<usize>> = chunks.iter().map(|c| (0..c.slots).rev().collect()).collect();
+        let first = step * cfg.global_batch as u64 + (dp_i * per_rank) as u64;
+        for st in steps {
+            let ci = st.chunk as usize;
+            let ch = &mut chunks[ci];
+            let s = ch.stage;
+            let prev = (pp_i + pp - 1) % pp;
+            let next = (pp_i + 1) % pp;
+            match st.pass {
+                Pass::Forward => {
+                    let mb = st.microbatch as u64;
+                    data::train_batch(
+                        &data.train,
+                        cfg.seed,
+                        first + mb * cfg.micro_batch as u64,
+                        cfg.micro_batch,
+                        t,
+                        &mut tokens,
+                        &mut targets,
+                    );
+                    let input = if s > 0 {
+                        pp_recv.recv(prev, 2 * s as u32, &mut buf).map_err(comm_err)?;
+                        Some(&buf[..])
+                    } else {
+                        None
+                    };
+                    let slot = free[ci].pop().expect("slots sized from the schedule");
+                    slot_of.insert((st.microbatch, st.chunk), slot);
+                    let t0 = Instant::now();
+                    let l = ch
+                        .model
+                        .forward_part(slot, &tpc, &tokens, &targets, input)
+                        .map_err(comm_err)?;
+                    times.compute += t0.elapsed().as_secs_f64();
+                    if let Some(l) = l {
+                        loss += l as f64 / m as f64;
+                    }
+                    if s + 1 < stages {
+                        pp_send.send(next, 2 * (s + 1) as u32, ch.model.output(slot)).map_err(comm_err)?;
+                    }
+                }
+                Pass::Backward => {
+                    let slot = slot_of.remove(&(st.microbatch, st.chunk)).expect("forward ran first");
+                    let dout = if s + 1 < stages {
+                        pp_recv.recv(next, 2 * s as u32 + 1, &mut buf).map_err(comm_err)?;
+                        Some(&buf[..])
+                    } else {
+                        None
+                    };
+                    let t0 = Instant::now();
+                    ch.model.backward_part(slot, &tpc, dout, scale).map_err(comm_err)?;
+                    times.compute += t0.elapsed().as_secs_f64();
+                    free[ci].push(slot);
+                    if s > 0 {
+                        pp_send.send(prev, 2 * (s - 1) as u32 + 1, ch.model.input_grad()).map_err(comm_err)?;
+                    }
+                    if zero == 2 {
+                        // ZeRO-2: reduce-scatter this microbatch's gradients into the shard
+                        reduce_scatter_into(ch, &dpm, dp).map_err(comm_err)?;
+                        ch.model.zero_grad();
+                    }
+                }
+            }
+        }
+        // --- data-parallel reduction and the tied embedding
+        for ch in &mut chunks {
+            match zero {
+                0 => {
+                    dpm.all_reduce(&mut ch.model.grads).map_err(comm_err)?;
+                    if ch.tied {
+                        embm.all_reduce(&mut ch.model.grads[ch.model.layout.wte.clone()])
+                            .map_err(comm_err)?;
+                    }
+                }
+                _ => {
+                    if zero == 1 {
+                        reduce_scatter_into(ch, &dpm, dp).map_err(comm_err)?;
+                    }
+                    if ch.tied {
+                        // region 0 is the embedding
+                        embm.all_reduce(&mut ch.shard_grads[0]).map_err(comm_err)?;
+                    }
+                }
+            }
+        }
+        // --- the global gradient norm over every rank, each element counted once
+        let t_opt = Instant::now();
+        let mut sq = 0.0f64;
+        for ch in &chunks {
+            if zero == 0 {
+                if dp_i == 0 {
+                    sq += ch
+                        .model
+                        .grads
+                        .iter()
+                        .zip(&ch.counted)
+                        .filter(|(_, c)| **c)
+                        .map(|(g, _)| (*g as f64).powi(2))
+                        .sum::<f64>();
+                }
+            } else {
+                for k in 0..ch.regions.regions.len() {
+                    let p = ch.regions.piece(k, dp_i);
+                    sq += ch.shard_grads[k][..p.len()]
+                        .iter()
+                        .zip(&ch.counted[p])
+                        .filter(|(_, c)| **c)
+                        .map(|(g, _)| (*g as f64).powi(2))
+                        .sum::<f64>();
+                }
+            }
+        }
+        // loss from the last stage's tp rank 0 of each dp rank, averaged over dp
+        let head_here = chunks.iter().any(|c| c.model.part().head) && tp_i == 0;
+        let mut red = [sq as f32, if head_here { (loss / dp as f64) as f32 } else { 0.0 }];
+        let t_red = Instant::now();
+        world.all_reduce(&mut red).map_err(comm_err)?;
+        let red_s = t_red.elapsed().as_secs_f64();
+        let norm = (red[0] as f64).sqrt();
+        losses.push(red[1] as f64);
+        grad_norms.push(norm);
+        let clip = if norm > cfg.grad_clip && norm.is_finite() {
+            (cfg.grad_clip / norm) as f32
+        } else {
+            1.0
+        };
+        let lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
+        for ch in &mut chunks {
+            if zero == 0 {
+                ch.model.grads.iter_mut().for_each(|x| *x *= clip);
+                let (p, o) = &mut ch.opts[0];
+                o.update(&mut ch.model.params[p.clone()], &ch.model.grads[p.clone()], lr);
+            } else {
+                for (k, (p, o)) in ch.opts.iter_mut().enumerate() {
+                    let gk = &mut ch.shard_grads[k][..p.len()];
+                    gk.iter_mut().for_each(|x| *x *= clip);
+                    o.update(&mut ch.model.params[p.clone()], gk, lr);
+                }
+            }
+        }
+        times.optimizer += t_opt.elapsed().as_secs_f64() - red_s;
+        // ZeRO ≥ 1: every rank gets the updated parameters back
+        if zero >= 1 {
+            for ch in &mut chunks {
+                for k in 0..ch.regions.regions.len() {
+                    let (r, s) = ch.regions.regions[k].clone();
+                    let p = ch.regions.piece(k, dp_i);
+                    let mut send = vec![0.0f32; s];
+                    send[..p.len()].copy_from_slice(&ch.model.params[p]);
+                    let mut out = vec![0.0f32; s * dp];
+                    dpm.all_gather(&send, &mut out).map_err(comm_err)?;
+                    ch.model.params[r.clone()].copy_from_slice(&out[..r.len()]);
+                }
+            }
+        }
+        let (mt, ms, mr, md, me): (Meter, Meter, Meter, Meter, Meter) =
+            (tp_act.take(), pp_send.take(), pp_recv.take(), dpm.take(), embm.take());
+        times.compute -= mt.seconds;
+        times.tp_comm = mt.seconds;
+        times.pp_comm = ms.seconds;
+        times.bubble = mr.seconds;
+        times.dp_comm = md.seconds + me.seconds;
+        bytes.tp = mt.bytes;
+        bytes.pp = ms.bytes;
+        bytes.dp = md.bytes;
+        bytes.embedding = me.bytes;
+        sums.push((times, bytes));
+        step_seconds.push(t_step.elapsed().as_secs_f64());
+    }
+
+    // --- the report: means over the steps after the first
+    let skip = usize::from(sums.len() > 1);
+    let k = (sums.len() - skip) as f64;
+    let mut time_s = Times::default();
+    let mut comm_bytes = CommBytes::default();
+    for (t, b) in &sums[skip..] {
+        time_s.compute += t.compute / k;
+        time_s.tp_comm += t.tp_comm / k;
+        time_s.pp_comm += t.pp_comm / k;
+        time_s.dp_comm += t.dp_comm / k;
+        time_s.bubble += t.bubble / k;
+        time_s.optimizer += t.optimizer / k;
+        comm_bytes.tp += b.tp / k;
+        comm_bytes.pp += b.pp / k;
+        comm_bytes.dp += b.dp / k;
+        comm_bytes.embedding += b.embedding / k;
+    }
+    let f = std::mem::size_of::<f32>();
+    let mut mem = MemoryBytes::default();
+    for c in &chunks {
+        mem.weights += c.model.params.len() * f;
+        mem.optimizer += c.opts.iter().map(|(_, o)| (o.m.len() + o.v.len()) * f).sum::<usize>();
+        mem.activations += c.model.activation_bytes();
+        mem.workspace += c.model.workspace_bytes();
+        if zero == 2 {
+            mem.gradients += c.shard_grads.iter().map(|s| s.len() * f).sum::<usize>();
+            mem.workspace += c.model.grads.len() * f;
+        } else {
+            mem.gradients += c.model.grads.len() * f;
+        }
+    }
+    let report = RankReport {
+        rank: world.rank(),
+        tp: tp_i as u32,
+        dp: dp_i as u32,
+        pp: pp_i as u32,
+        step_s: step_seconds[skip..].iter().sum::<f64>() / k,
+        time_s,
+        comm_bytes,
+        memory_bytes: mem,
+    };
+    Ok(RankResult {
+        losses,
+        grad_norms,
+        step_seconds,
+        report,
+        chunks: chunks.into_iter().map(|c| (c.model.part().clone(), c.model.params)).collect(),
+    })
+}
+
+/// Reduce-scatter each region of the chunk's gradients over the data-parallel group and add
+/// this rank's piece to its shard.
+fn reduce_scatter_into(ch: &mut Chunk, dpm: &Metered, dp: usize) -> Result<(), CommError> {
+    for k in 0..ch.regions.regions.len() {
+        let (r, s) = ch.regions.regions[k].clone();
+        let mut full = vec![0.0f32; s * dp];
+        full[..r.len()].copy_from_slice(&ch.model.grads[r]);
+        let mut mine = vec![0.0f32; s];
+        dpm.reduce_scatter(&full, &mut mine)?;
+        for (a, b) in ch.shard_grads[k].iter_mut().zip(&mine) {
+            *a += *b;
+        }
+    }
+    Ok(())
+}
+
+/// The whole model's parameters from the chunks of ranks that together hold every part (e.g.
+/// all ranks of data-parallel rank 0).
+pub fn whole_params<'a>(shape: &GptShape, chunks: impl IntoIterator<Item = &'a (Part, Vec<f32>)>) -> Vec<f32> {
+    let full = crate::model::ParamLayout::new(shape);
+    let mut out = vec![0.0f32; full.total];
+    for (part, params) in chunks {
+        let layout = crate::model::ParamLayout::of_part(shape, part);
+        for (l, w, n) in layout.shard_runs(shape) {
+            out[w..w + n].copy_from_slice(&params[l..l + n]);
+        }
+    }
+    out
+}
+
+/// The planner-comparable aggregate of the ranks' reports: each term is the maximum over ranks
+/// (the planner models the busiest stage), the step the slowest rank's.
+pub fn aggregate(reports: &[RankReport]) -> RankReport {
+    let mut a = RankReport::default();
+    let mx = |x: &mut f64, y: f64| *x = x.max(y);
+    for r in reports {
+        mx(&mut a.step_s, r.step_s);
+        mx(&mut a.time_s.compute, r.time_s.compute);
+        mx(&mut a.time_s.tp_comm, r.time_s.tp_comm);
+        mx(&mut a.time_s.pp_comm, r.time_s.pp_comm);
+        mx(&mut a.time_s.dp_comm, r.time_s.dp_comm);
+        mx(&mut a.time_s.bubble, r.time_s.bubble);
+        mx(&mut a.time_s.optimizer, r.time_s.optimizer);
+        mx(&mut a.comm_bytes.tp, r.comm_bytes.tp);
+        mx(&mut a.comm_bytes.pp, r.comm_bytes.pp);
+        mx(&mut a.comm_bytes.dp, r.comm_bytes.dp);
+        mx(&mut a.comm_bytes.embedding, r.comm_bytes.embedding);
+        let (m, n) = (&mut a.memory_bytes, &r.memory_bytes);
+        m.weights = m.weights.max(n.weights);
+        m.gradients = m.gradients.max(n.gradients);
+        m.optimizer = m.optimizer.max(n.optimizer);
+        m.activations = m.activations.max(n.activations);
+        m.workspace = m.workspace.max(n.workspace);
+    }
+    a
+}
+
+/// The grid dimension sizes of a layout, for messages.
+pub fn describe(pc: &ParallelConfig) -> String {
+    format!(
+        "tp {} × pp {} × dp {} (order {}), micro-batch {}, global batch {}, ZeRO-{}, recompute {}{}",
+        pc.size(Dim::Tp),
+        pc.size(Dim::Pp),
+        pc.size(Dim::Dp),
+        pc.order,
+        pc.micro_batch,
+        pc.global_batch,
+        pc.zero,
+        pc.recompute.as_str(),
+        if pc.virtual_stages > 1 {
+            format!(", {} virtual stages", pc.virtual_stages)
+        } else {
+            String::new()
+        }
+    )
+}
