@@ -133,7 +133,11 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         // Scatter-gather optimisation: each TP rank sends its 1/t slice across stages.
         let msg = act_msg / tp as f64;
         let link = group_link(c, pp, p.stride(Dim::Pp));
-        (2.0 * v * mbf * comm::send_recv(msg, link), 2.0 * v * mbf * msg)
+        // The busiest rank sends each microbatch forward out of, and its gradient back out of,
+        // each of its v chunks, except out of the very first stage (backward) and the very last
+        // (forward): with pp = 2 both ranks hold one of those ends.
+        let sends = if pp == 2 { 2.0 * v - 1.0 } else { 2.0 * v };
+        (sends * mbf * comm::send_recv(msg, link), sends * mbf * msg)
     } else {
         (0.0, 0.0)
     };

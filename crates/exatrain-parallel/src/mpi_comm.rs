@@ -115,7 +115,9 @@ impl crate::comm::Communicator for Mpi {
 
     fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError> {
         self.reap();
-        self.comm.process_at_rank(from as i32).receive_into_with_tag(buf, tag as i32);
+        self.comm
+            .process_at_rank(from as i32)
+            .receive_into_with_tag(buf, tag as i32);
         Ok(())
     }
 

@@ -47,7 +47,9 @@ impl std::str::FromStr for Schedule {
         match s {
             "gpipe" => Ok(Schedule::GPipe),
             "1f1b" => Ok(Schedule::OneFOneB),
-            _ => Err(SpecError::new(format!("--schedule {s} is not known (allowed: gpipe, 1f1b)"))),
+            _ => Err(SpecError::new(format!(
+                "--schedule {s} is not known (allowed: gpipe, 1f1b)"
+            ))),
         }
     }
 }
@@ -59,7 +61,7 @@ pub struct Times {
     pub compute: f64,
     /// tensor-parallel all-reduces
     pub tp_comm: f64,
-    /// pipeline sends
+    /// pipeline sends and the all-gather of the received slices
     pub pp_comm: f64,
     /// data-parallel gradient/parameter collectives and the tied embedding's all-reduce
     pub dp_comm: f64,
@@ -78,6 +80,8 @@ pub struct CommBytes {
     pub dp: f64,
     /// the tied embedding's gradient between the first and the last stage (pp > 1)
     pub embedding: f64,
+    /// the tp all-gather that rebuilds activations received in 1/tp slices (pp > 1, tp > 1)
+    pub pp_gather: f64,
 }
 
 /// Bytes held, with the planner's `memory_bytes` names.
@@ -85,7 +89,7 @@ pub struct CommBytes {
 pub struct MemoryBytes {
     pub weights: usize,
     /// gradients kept across the step's microbatches (ZeRO-2: the shard)
-    pub gradients: usize,
+    pub grads: usize,
     pub optimizer: usize,
     /// activations kept for backward, all in-flight microbatches
     pub activations: usize,
@@ -415,6 +419,7 @@ fn run(
     };
     let pp_send = Metered::new(&*g.pp);
     let pp_recv = Metered::new(&*g.pp);
+    let gather = Metered::new(&*g.tp);
     let dpm = Metered::new(&*g.dp);
     let embm = Metered::new(&*g.embedding);
 
@@ -423,7 +428,11 @@ fn run(
     let per_rank = cfg.global_batch / dp;
     let scale = 1.0 / (m * dp) as f32;
     let (mut tokens, mut targets) = (Vec::new(), Vec::new());
+    // Megatron's scatter-gather: each tp rank sends its 1/tp slice of the activations across
+    // stages, the receiving stage all-gathers them over its tp group.
+    let tp = pc.tp as usize;
     let mut buf = vec![0.0f32; n_act];
+    let mut part_buf = vec![0.0f32; n_act / tp];
     let (mut losses, mut grad_norms, mut step_seconds) = (Vec::new(), Vec::new(), Vec::new());
     let mut sums: Vec<(Times, CommBytes)> = Vec::new();
     for step in 0..cfg.steps {
@@ -432,7 +441,9 @@ fn run(
         let mut bytes = CommBytes::default();
         for c in &mut chunks {
             c.model.zero_grad();
-            c.shard_grads.iter_mut().for_each(|s| s.iter_mut().for_each(|x| *x = 0.0));
+            c.shard_grads
+                .iter_mut()
+                .for_each(|s| s.iter_mut().for_each(|x| *x = 0.0));
         }
         let mut loss = 0.0f64;
         let mut slot_of: HashMap<(u32, u32), usize> = HashMap::new();
@@ -457,7 +468,8 @@ fn run(
                         &mut targets,
                     );
                     let input = if s > 0 {
-                        pp_recv.recv(prev, 2 * s as u32, &mut buf).map_err(comm_err)?;
+                        recv_activation(&pp_recv, &gather, prev, 2 * s as u32, &mut part_buf, &mut buf)
+                            .map_err(comm_err)?;
                         Some(&buf[..])
                     } else {
                         None
@@ -474,13 +486,17 @@ fn run(
                         loss += l as f64 / m as f64;
                     }
                     if s + 1 < stages {
-                        pp_send.send(next, 2 * (s + 1) as u32, ch.model.output(slot)).map_err(comm_err)?;
+                        let out = ch.model.output(slot);
+                        pp_send
+                            .send(next, 2 * (s + 1) as u32, slice_of(out, tp, tp_i))
+                            .map_err(comm_err)?;
                     }
                 }
                 Pass::Backward => {
                     let slot = slot_of.remove(&(st.microbatch, st.chunk)).expect("forward ran first");
                     let dout = if s + 1 < stages {
-                        pp_recv.recv(next, 2 * s as u32 + 1, &mut buf).map_err(comm_err)?;
+                        recv_activation(&pp_recv, &gather, next, 2 * s as u32 + 1, &mut part_buf, &mut buf)
+                            .map_err(comm_err)?;
                         Some(&buf[..])
                     } else {
                         None
@@ -490,7 +506,10 @@ fn run(
                     times.compute += t0.elapsed().as_secs_f64();
                     free[ci].push(slot);
                     if s > 0 {
-                        pp_send.send(prev, 2 * (s - 1) as u32 + 1, ch.model.input_grad()).map_err(comm_err)?;
+                        let din = ch.model.input_grad();
+                        pp_send
+                            .send(prev, 2 * (s - 1) as u32 + 1, slice_of(din, tp, tp_i))
+                            .map_err(comm_err)?;
                     }
                     if zero == 2 {
                         // ZeRO-2: reduce-scatter this microbatch's gradients into the shard
@@ -591,17 +610,24 @@ fn run(
                 }
             }
         }
-        let (mt, ms, mr, md, me): (Meter, Meter, Meter, Meter, Meter) =
-            (tp_act.take(), pp_send.take(), pp_recv.take(), dpm.take(), embm.take());
+        let (mt, ms, mr, md, me, mg): (Meter, Meter, Meter, Meter, Meter, Meter) = (
+            tp_act.take(),
+            pp_send.take(),
+            pp_recv.take(),
+            dpm.take(),
+            embm.take(),
+            gather.take(),
+        );
         times.compute -= mt.seconds;
         times.tp_comm = mt.seconds;
-        times.pp_comm = ms.seconds;
+        times.pp_comm = ms.seconds + mg.seconds;
         times.bubble = mr.seconds;
         times.dp_comm = md.seconds + me.seconds;
         bytes.tp = mt.bytes;
         bytes.pp = ms.bytes;
         bytes.dp = md.bytes;
         bytes.embedding = me.bytes;
+        bytes.pp_gather = mg.bytes;
         sums.push((times, bytes));
         step_seconds.push(t_step.elapsed().as_secs_f64());
     }
@@ -622,6 +648,7 @@ fn run(
         comm_bytes.pp += b.pp / k;
         comm_bytes.dp += b.dp / k;
         comm_bytes.embedding += b.embedding / k;
+        comm_bytes.pp_gather += b.pp_gather / k;
     }
     let f = std::mem::size_of::<f32>();
     let mut mem = MemoryBytes::default();
@@ -631,10 +658,10 @@ fn run(
         mem.activations += c.model.activation_bytes();
         mem.workspace += c.model.workspace_bytes();
         if zero == 2 {
-            mem.gradients += c.shard_grads.iter().map(|s| s.len() * f).sum::<usize>();
+            mem.grads += c.shard_grads.iter().map(|s| s.len() * f).sum::<usize>();
             mem.workspace += c.model.grads.len() * f;
         } else {
-            mem.gradients += c.model.grads.len() * f;
+            mem.grads += c.model.grads.len() * f;
         }
     }
     let report = RankReport {
@@ -652,8 +679,34 @@ fn run(
         grad_norms,
         step_seconds,
         report,
-        chunks: chunks.into_iter().map(|c| (c.model.part().clone(), c.model.params)).collect(),
+        chunks: chunks
+            .into_iter()
+            .map(|c| (c.model.part().clone(), c.model.params))
+            .collect(),
     })
+}
+
+/// Rank `i`'s 1/n slice of `x`.
+fn slice_of(x: &[f32], n: usize, i: usize) -> &[f32] {
+    let k = x.len() / n;
+    &x[i * k..(i + 1) * k]
+}
+
+/// Receive one activation (or gradient) tensor that arrives in 1/tp slices, one per tp rank of
+/// the sending stage, and all-gather the slices over this stage's tp group.
+fn recv_activation(
+    recv: &Metered,
+    gather: &Metered,
+    from: usize,
+    tag: u32,
+    slice: &mut [f32],
+    whole: &mut [f32],
+) -> Result<(), CommError> {
+    if gather.size() == 1 {
+        return recv.recv(from, tag, whole);
+    }
+    recv.recv(from, tag, slice)?;
+    gather.all_gather(slice, whole)
 }
 
 /// Reduce-scatter each region of the chunk's gradients over the data-parallel group and add
@@ -686,8 +739,9 @@ pub fn whole_params<'a>(shape: &GptShape, chunks: impl IntoIterator<Item = &'a (
     out
 }
 
-/// The planner-comparable aggregate of the ranks' reports: each term is the maximum over ranks
-/// (the planner models the busiest stage), the step the slowest rank's.
+/// The planner-comparable aggregate of the ranks' reports: each time and byte term is the
+/// maximum over ranks (the planner models the busiest stage), the step the slowest rank's, and
+/// the memory that of the rank holding the most (as the planner reports its fullest stage).
 pub fn aggregate(reports: &[RankReport]) -> RankReport {
     let mut a = RankReport::default();
     let mx = |x: &mut f64, y: f64| *x = x.max(y);
@@ -703,12 +757,11 @@ pub fn aggregate(reports: &[RankReport]) -> RankReport {
         mx(&mut a.comm_bytes.pp, r.comm_bytes.pp);
         mx(&mut a.comm_bytes.dp, r.comm_bytes.dp);
         mx(&mut a.comm_bytes.embedding, r.comm_bytes.embedding);
-        let (m, n) = (&mut a.memory_bytes, &r.memory_bytes);
-        m.weights = m.weights.max(n.weights);
-        m.gradients = m.gradients.max(n.gradients);
-        m.optimizer = m.optimizer.max(n.optimizer);
-        m.activations = m.activations.max(n.activations);
-        m.workspace = m.workspace.max(n.workspace);
+        mx(&mut a.comm_bytes.pp_gather, r.comm_bytes.pp_gather);
+    }
+    let held = |m: &MemoryBytes| m.weights + m.grads + m.optimizer + m.activations;
+    if let Some(r) = reports.iter().max_by_key(|r| held(&r.memory_bytes)) {
+        a.memory_bytes = r.memory_bytes;
     }
     a
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use exatrain_parallel::comm::{in_process, Communicator};
+use exatrain_parallel::comm::in_process;
 use exatrain_spec::{Dtype, ModelFile, ModelSpec, ParallelConfig, Recompute};
 use exatrain_train::data;
 use exatrain_train::parallel::{self, RankResult, Schedule};
@@ -111,11 +111,18 @@ fn assert_matches(name: &str, pc: &ParallelConfig, results: &[RankResult], want:
     let shape = GptShape::from_spec(&spec()).unwrap();
     let dp0 = results.iter().filter(|r| r.report.dp == 0).flat_map(|r| &r.chunks);
     let got = parallel::whole_params(&shape, dp0);
-    let worst = got.iter().zip(&want.params).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    let worst = got
+        .iter()
+        .zip(&want.params)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "{name}: final parameters differ by {worst}");
     // every data-parallel replica ends with the same parameters
     for d in 1..pc.dp {
-        let other = parallel::whole_params(&shape, results.iter().filter(|r| r.report.dp == d).flat_map(|r| &r.chunks));
+        let other = parallel::whole_params(
+            &shape,
+            results.iter().filter(|r| r.report.dp == d).flat_map(|r| &r.chunks),
+        );
         assert_eq!(other, got, "{name}: dp rank {d} differs from dp rank 0");
     }
 }
@@ -215,5 +222,83 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
             .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
             .collect();
         assert_matches(name, &pc, &results, &want);
+    }
+}
+
+#[test]
+fn bytes_moved_and_held_match_the_planner() {
+    let dir = tmp("bytes");
+    let data = dataset(&dir);
+    let cluster = exatrain_spec::presets::cluster("frontier").unwrap(); // bytes do not depend on it
+    let cases = [
+        layout(2, 2, 2, 2, 16),
+        ParallelConfig {
+            zero: 1,
+            ..layout(2, 1, 4, 1, 16)
+        },
+        ParallelConfig {
+            zero: 2,
+            recompute: Recompute::Full,
+            ..layout(1, 2, 4, 1, 16)
+        },
+        ParallelConfig {
+            virtual_stages: 2,
+            ..layout(2, 4, 1, 1, 8)
+        },
+        ParallelConfig {
+            recompute: Recompute::Selective,
+            ..layout(4, 2, 1, 2, 8)
+        },
+    ];
+    for pc in cases {
+        let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let reports: Vec<_> = results.iter().map(|r| r.report.clone()).collect();
+        let got = parallel::aggregate(&reports);
+        let plan = exatrain_cost::plan(&spec(), &cluster, &pc).unwrap();
+        let name = parallel::describe(&pc);
+        let (m, b) = (&got.memory_bytes, &got.comm_bytes);
+        eprintln!(
+            "{name}\n  tp {} vs {} | pp {} vs {} | dp {} vs {} | weights {} vs {} | grads {} vs {} | optimizer {} vs {} | activations {} vs {}",
+            b.tp, plan.comm_bytes.tp, b.pp, plan.comm_bytes.pp, b.dp, plan.comm_bytes.dp,
+            m.weights, plan.memory_bytes.weights, m.grads, plan.memory_bytes.grads,
+            m.optimizer, plan.memory_bytes.optimizer, m.activations, plan.memory_bytes.activations
+        );
+        let close = |a: f64, b: f64, slack: f64| (a - b).abs() <= slack + 1e-9 * b.abs();
+        assert!(
+            close(b.tp, plan.comm_bytes.tp, 0.0),
+            "{name}: tp bytes {} vs {}",
+            b.tp,
+            plan.comm_bytes.tp
+        );
+        assert!(
+            close(b.pp, plan.comm_bytes.pp, 0.0),
+            "{name}: pp bytes {} vs {}",
+            b.pp,
+            plan.comm_bytes.pp
+        );
+        // ZeRO pads each of (at most 2) regions to dp equal shards: a few elements per collective
+        let pad = 4.0 * 2.0 * pc.dp as f64 * (pc.microbatches() as f64 + 2.0);
+        assert!(
+            close(b.dp, plan.comm_bytes.dp, if pc.zero > 0 { pad } else { 0.0 }),
+            "{name}: dp bytes {} vs {}",
+            b.dp,
+            plan.comm_bytes.dp
+        );
+        assert_eq!(m.weights as f64, plan.memory_bytes.weights, "{name}: weights");
+        assert!(
+            close(
+                m.optimizer as f64,
+                plan.memory_bytes.optimizer,
+                8.0 * 2.0 * pc.dp as f64
+            ),
+            "{name}: optimizer"
+        );
+        assert!(
+            close(m.grads as f64, plan.memory_bytes.grads, 4.0 * 2.0 * pc.dp as f64),
+            "{name}: grads"
+        );
     }
 }
