@@ -73,6 +73,8 @@ struct Mailbox {
 /// The shared meeting point of one group of in-process ranks.
 struct Hub {
     n: usize,
+    /// the group this one was split from: an abort anywhere fails the whole job
+    parent: Option<Arc<Hub>>,
     state: Mutex<State>,
     cv: Condvar,
     timeout: Duration,
@@ -82,7 +84,7 @@ struct Hub {
 }
 
 impl Hub {
-    fn new(n: usize, timeout: Duration) -> Arc<Hub> {
+    fn new(n: usize, timeout: Duration, parent: Option<Arc<Hub>>) -> Arc<Hub> {
         let mut senders: Vec<Vec<Mutex<Sender<Message>>>> = (0..n).map(|_| Vec::new()).collect();
         let mut receivers: Vec<Vec<Mutex<Mailbox>>> = (0..n).map(|_| Vec::new()).collect();
         for to in 0..n {
@@ -98,12 +100,36 @@ impl Hub {
         };
         Arc::new(Hub {
             n,
+            parent,
             state: Mutex::new(state),
             cv: Condvar::new(),
             timeout,
             senders,
             receivers,
         })
+    }
+}
+
+impl Hub {
+    /// Why an enclosing group failed, if one did.
+    fn ancestor_failure(&self) -> Option<String> {
+        let mut h = self.parent.clone();
+        while let Some(p) = h {
+            if let Some(f) = &p.state.lock().expect("comm lock").failed {
+                return Some(f.clone());
+            }
+            h = p.parent.clone();
+        }
+        None
+    }
+
+    /// The outermost group (the world).
+    fn root(self: &Arc<Hub>) -> Arc<Hub> {
+        let mut h = self.clone();
+        while let Some(p) = h.parent.clone() {
+            h = p;
+        }
+        h
     }
 }
 
@@ -115,7 +141,7 @@ pub struct InProcess {
 
 /// A group of `n` in-process ranks, one per thread; collectives give up after `timeout`.
 pub fn in_process(n: usize, timeout: Duration) -> Vec<InProcess> {
-    let hub = Hub::new(n, timeout);
+    let hub = Hub::new(n, timeout, None);
     (0..n).map(|rank| InProcess { rank, hub: hub.clone() }).collect()
 }
 
@@ -128,7 +154,7 @@ impl InProcess {
         done: impl Fn(&State) -> bool,
     ) -> Result<std::sync::MutexGuard<'a, State>, CommError> {
         loop {
-            if let Some(f) = &st.failed {
+            if let Some(f) = st.failed.clone().or_else(|| self.hub.ancestor_failure()) {
                 return Err(CommError(format!(
                     "rank {}: {what}: the group was aborted: {f}",
                     self.rank
@@ -149,7 +175,9 @@ impl InProcess {
                 self.hub.cv.notify_all();
                 return Err(CommError(msg));
             }
-            st = self.hub.cv.wait_timeout(st, deadline - now).expect("comm lock").0;
+            // wake now and then to notice an abort in an enclosing group
+            let tick = (deadline - now).min(Duration::from_millis(50));
+            st = self.hub.cv.wait_timeout(st, tick).expect("comm lock").0;
         }
     }
 
@@ -249,7 +277,8 @@ impl Communicator for InProcess {
             if let Some(i) = mb.early.iter().position(|m| m.0 == tag) {
                 break mb.early.remove(i).1;
             }
-            if let Some(f) = &self.hub.state.lock().expect("comm lock").failed {
+            let failed = self.hub.state.lock().expect("comm lock").failed.clone();
+            if let Some(f) = failed.or_else(|| self.hub.ancestor_failure()) {
                 return Err(CommError(format!(
                     "rank {}: recv from rank {from}: the group was aborted: {f}",
                     self.rank
@@ -297,17 +326,19 @@ impl Communicator for InProcess {
         let hub = st
             .splits
             .entry((round, color))
-            .or_insert_with(|| Hub::new(members.len(), self.hub.timeout))
+            .or_insert_with(|| Hub::new(members.len(), self.hub.timeout, Some(self.hub.clone())))
             .clone();
         Ok(Box::new(InProcess { rank: new_rank, hub }))
     }
 
     fn abort(&self, why: &str) {
-        let mut st = self.hub.state.lock().expect("comm lock");
-        if st.failed.is_none() {
-            st.failed = Some(format!("rank {} aborted: {why}", self.rank));
+        for hub in [self.hub.clone(), self.hub.root()] {
+            let mut st = hub.state.lock().expect("comm lock");
+            if st.failed.is_none() {
+                st.failed = Some(format!("rank {} aborted: {why}", self.rank));
+            }
+            hub.cv.notify_all();
         }
-        self.hub.cv.notify_all();
     }
 }
 

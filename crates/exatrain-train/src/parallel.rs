@@ -54,6 +54,46 @@ impl std::str::FromStr for Schedule {
     }
 }
 
+/// The whole model's training state, in the single-process layout ([`crate::model::ParamLayout::new`]):
+/// what a checkpoint holds, whatever layout wrote it, so a run resumes on any other layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Start {
+    /// optimizer steps completed
+    pub step: u64,
+    /// AdamW's bias-correction step
+    pub opt_step: u64,
+    pub params: Vec<f32>,
+    /// AdamW moments
+    pub m: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// One finished step, as world rank 0 sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepLine {
+    /// 1-based
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+}
+
+/// How to run besides the layout.
+#[derive(Default)]
+pub struct Options<'a> {
+    pub schedule: Schedule,
+    /// resume from this state (its `step` is the first step to run)
+    pub start: Option<Start>,
+    /// called on world rank 0 with the whole state every `ckpt_every` steps and after the last
+    /// (all ranks take part in gathering it)
+    #[allow(clippy::type_complexity)]
+    pub on_checkpoint: Option<&'a (dyn Fn(&Start) -> Result<(), SpecError> + Sync)>,
+    /// called on world rank 0 after every step
+    pub on_step: Option<&'a (dyn Fn(&StepLine) + Sync)>,
+}
+
 /// Seconds per step in each term, with the planner's `time_s` names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Times {
@@ -250,6 +290,75 @@ struct Chunk {
     slots: usize,
 }
 
+impl Chunk {
+    /// Which optimizer holds element `i` of the buffer, and at which index (None: another
+    /// data-parallel rank's shard).
+    fn opt_index(&self, i: usize) -> Option<(usize, usize)> {
+        self.opts
+            .iter()
+            .position(|(p, _)| p.contains(&i))
+            .map(|k| (k, i - self.opts[k].0.start))
+    }
+
+    /// Take this chunk's parameters and optimizer state from the whole model's.
+    fn restore(&mut self, shape: &GptShape, st: &Start) {
+        for (l, w, n) in self.model.layout.shard_runs(shape) {
+            for j in 0..n {
+                self.model.params[l + j] = st.params[w + j];
+                if let Some((k, at)) = self.opt_index(l + j) {
+                    self.opts[k].1.m[at] = st.m[w + j];
+                    self.opts[k].1.v[at] = st.v[w + j];
+                }
+            }
+        }
+        for (_, o) in &mut self.opts {
+            o.step = st.opt_step;
+        }
+    }
+}
+
+/// The whole model's state on every rank: each element is contributed by exactly one rank (the
+/// one that counts it in the norm and holds its optimizer shard), the rest add zeros, and one
+/// all-reduce over the world sums them.
+fn gather_whole(
+    shape: &GptShape,
+    chunks: &[Chunk],
+    zero: u8,
+    dp_i: usize,
+    step: u64,
+    world: &dyn Communicator,
+) -> Result<Start, CommError> {
+    let n = crate::model::ParamLayout::new(shape).total;
+    let mut all = vec![0.0f32; 3 * n];
+    let mut opt_step = 0;
+    for ch in chunks {
+        for (l, w, len) in ch.model.layout.shard_runs(shape) {
+            for j in 0..len {
+                let i = l + j;
+                let Some((k, at)) = ch.opt_index(i) else { continue };
+                if !ch.counted[i] || (zero == 0 && dp_i != 0) {
+                    continue;
+                }
+                let o = &ch.opts[k].1;
+                all[w + j] = ch.model.params[i];
+                all[n + w + j] = o.m[at];
+                all[2 * n + w + j] = o.v[at];
+            }
+        }
+        opt_step = ch.opts[0].1.step;
+    }
+    world.all_reduce(&mut all)?;
+    let v = all.split_off(2 * n);
+    let m = all.split_off(n);
+    Ok(Start {
+        step,
+        opt_step,
+        params: all,
+        m,
+        v,
+    })
+}
+
 /// How many microbatches of each chunk are in flight at most in `steps`.
 fn slots_needed(steps: &[schedule::Step], chunks: usize) -> Vec<usize> {
     let (mut now, mut peak) = (vec![0usize; chunks], vec![0usize; chunks]);
@@ -309,11 +418,11 @@ pub fn train(
     spec: &ModelSpec,
     cfg: &TrainConfig,
     pc: &ParallelConfig,
-    sched: Schedule,
+    opts: &Options,
     data_dir: &Path,
     world: &dyn Communicator,
 ) -> Result<RankResult, SpecError> {
-    let r = run(spec, cfg, pc, sched, data_dir, world);
+    let r = run(spec, cfg, pc, opts, data_dir, world);
     if let Err(e) = &r {
         world.abort(&e.0);
     }
@@ -324,11 +433,12 @@ fn run(
     spec: &ModelSpec,
     cfg: &TrainConfig,
     pc: &ParallelConfig,
-    sched: Schedule,
+    opts: &Options,
     data_dir: &Path,
     world: &dyn Communicator,
 ) -> Result<RankResult, SpecError> {
     check(spec, cfg, pc, world.size())?;
+    let sched = opts.schedule;
     let shape = GptShape::from_spec(spec)?;
     let data = Dataset::open(data_dir, shape.max_seq)?;
     let g = split_groups(world, pc).map_err(comm_err)?;
@@ -411,6 +521,24 @@ fn run(
         })
         .collect();
 
+    let first_step = match &opts.start {
+        Some(st) => {
+            let whole = crate::model::ParamLayout::new(&shape).total;
+            if st.params.len() != whole || st.m.len() != whole || st.v.len() != whole {
+                return Err(SpecError::new(format!(
+                    "resume: the checkpoint holds {} parameters, model {} has {whole}",
+                    st.params.len(),
+                    spec.name
+                )));
+            }
+            for ch in &mut chunks {
+                ch.restore(&shape, st);
+            }
+            st.step
+        }
+        None => 0,
+    };
+
     // --- meters: what passes through each group
     let tp_act = Metered::new(&*g.tp);
     let tpc = TpComm {
@@ -435,7 +563,7 @@ fn run(
     let mut part_buf = vec![0.0f32; n_act / tp];
     let (mut losses, mut grad_norms, mut step_seconds) = (Vec::new(), Vec::new(), Vec::new());
     let mut sums: Vec<(Times, CommBytes)> = Vec::new();
-    for step in 0..cfg.steps {
+    for step in first_step..cfg.steps {
         let t_step = Instant::now();
         let mut times = Times::default();
         let mut bytes = CommBytes::default();
@@ -629,7 +757,35 @@ fn run(
         bytes.embedding = me.bytes;
         bytes.pp_gather = mg.bytes;
         sums.push((times, bytes));
-        step_seconds.push(t_step.elapsed().as_secs_f64());
+        let seconds = t_step.elapsed().as_secs_f64();
+        step_seconds.push(seconds);
+        if world.rank() == 0 {
+            if let Some(f) = opts.on_step {
+                f(&StepLine {
+                    step: step + 1,
+                    loss: red[1] as f64,
+                    grad_norm: norm,
+                    lr,
+                    seconds,
+                    tokens_per_s: (cfg.global_batch * t) as f64 / seconds,
+                });
+            }
+        }
+        let done = step + 1;
+        if let Some(f) = opts.on_checkpoint {
+            if (cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == cfg.steps {
+                let whole = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
+                if world.rank() == 0 {
+                    f(&whole)?;
+                }
+            }
+        }
+    }
+    if sums.is_empty() {
+        return Err(SpecError::new(format!(
+            "--steps {}: the run already completed {first_step} steps",
+            cfg.steps
+        )));
     }
 
     // --- the report: means over the steps after the first

@@ -10,7 +10,7 @@ use std::time::Duration;
 use exatrain_parallel::comm::in_process;
 use exatrain_spec::{Dtype, ModelFile, ModelSpec, ParallelConfig, Recompute};
 use exatrain_train::data;
-use exatrain_train::parallel::{self, RankResult, Schedule};
+use exatrain_train::parallel::{self, Options, RankResult, Schedule};
 use exatrain_train::train::{TrainConfig, Trainer};
 use exatrain_train::GptShape;
 
@@ -69,7 +69,13 @@ fn run(pc: &ParallelConfig, sched: Schedule, data: &Path) -> Vec<Result<RankResu
             .into_iter()
             .map(|comm| {
                 let c = c.clone();
-                s.spawn(move || parallel::train(&spec(), &c, pc, sched, data, &comm).map_err(|e| e.0))
+                s.spawn(move || {
+                    let opts = Options {
+                        schedule: sched,
+                        ..Default::default()
+                    };
+                    parallel::train(&spec(), &c, pc, &opts, data, &comm).map_err(|e| e.0)
+                })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -300,5 +306,124 @@ fn bytes_moved_and_held_match_the_planner() {
             close(m.grads as f64, plan.memory_bytes.grads, 4.0 * 2.0 * pc.dp as f64),
             "{name}: grads"
         );
+    }
+}
+
+#[test]
+fn a_checkpoint_from_one_layout_resumes_exactly_on_another() {
+    let dir = tmp("resume");
+    let data = dataset(&dir);
+    let want = reference(&dir, &data, 1, 16);
+    let run_with = |pc: &ParallelConfig, start: Option<parallel::Start>| {
+        let c = TrainConfig {
+            ckpt_every: 3,
+            ..cfg(1, 16)
+        };
+        let saved = std::sync::Mutex::new(Vec::new());
+        let save = |s: &parallel::Start| {
+            saved.lock().unwrap().push(s.clone());
+            Ok(())
+        };
+        let ranks = in_process(pc.gpus() as usize, Duration::from_secs(20));
+        let results: Vec<RankResult> = std::thread::scope(|s| {
+            let hs: Vec<_> = ranks
+                .into_iter()
+                .map(|comm| {
+                    let (c, start, save) = (c.clone(), start.clone(), &save);
+                    let data = &data;
+                    s.spawn(move || {
+                        let opts = Options {
+                            start,
+                            on_checkpoint: Some(save),
+                            ..Default::default()
+                        };
+                        parallel::train(&spec(), &c, pc, &opts, data, &comm).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        (results, saved.into_inner().unwrap())
+    };
+    let a = ParallelConfig {
+        zero: 1,
+        ..layout(2, 2, 2, 1, 16)
+    };
+    let (_, saved) = run_with(&a, None);
+    assert_eq!(
+        saved.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [3, 5],
+        "checkpoints at 3 and at the end"
+    );
+    let worst = saved[1]
+        .params
+        .iter()
+        .zip(&want.params)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst < 1e-4,
+        "the gathered final state is the model one process trains ({worst})"
+    );
+    // resume step 3's state on a different layout: ZeRO-2, 4 stages interleaved, no tp
+    let b = ParallelConfig {
+        zero: 2,
+        virtual_stages: 2,
+        ..layout(1, 4, 2, 1, 16)
+    };
+    let (results, saved_b) = run_with(&b, Some(saved[0].clone()));
+    let got = &results[0].losses;
+    assert_eq!(got.len(), 2, "steps 4 and 5 only");
+    for (x, y) in got.iter().zip(&want.losses[3..]) {
+        assert!(
+            (x - y).abs() <= 1e-5 * y.abs(),
+            "resumed losses {got:?} vs {:?}",
+            &want.losses[3..]
+        );
+    }
+    let worst = saved_b[0]
+        .params
+        .iter()
+        .zip(&want.params)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "resumed final parameters differ by {worst}");
+    assert_eq!(saved_b[0].opt_step, 5);
+}
+
+#[test]
+fn a_failing_rank_stops_every_rank_with_its_message() {
+    let dir = tmp("fail");
+    let data = dataset(&dir);
+    let missing = dir.join("no-such-data");
+    let pc = layout(2, 2, 2, 1, 16);
+    let c = cfg(1, 16);
+    let ranks = in_process(8, Duration::from_secs(60));
+    let t0 = std::time::Instant::now();
+    let results: Vec<Result<RankResult, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .enumerate()
+            .map(|(r, comm)| {
+                let c = c.clone();
+                // rank 5 is pointed at a folder that does not exist
+                let d = if r == 5 { missing.clone() } else { data.clone() };
+                let pc = &pc;
+                s.spawn(move || parallel::train(&spec(), &c, pc, &Options::default(), &d, &comm).map_err(|e| e.0))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "stopped in {:?}, not at the 60 s timeout",
+        t0.elapsed()
+    );
+    for (r, res) in results.iter().enumerate() {
+        let e = res
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("rank {r} finished although rank 5 failed"));
+        assert!(e.contains("no-such-data"), "rank {r}: {e}");
     }
 }
