@@ -4,10 +4,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use exatrain_spec::{load, SpecError};
+use exatrain_parallel::comm::Communicator;
+use exatrain_spec::{load, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError};
 use exatrain_train::checkpoint;
 use exatrain_train::data;
 use exatrain_train::model::Gpt;
+use exatrain_train::parallel::{self, Options, RankReport, RankResult, Schedule, Start};
 use exatrain_train::train::{self, TrainConfig, Trainer};
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
@@ -65,18 +67,46 @@ pub struct TrainArgs {
     /// One JSON line per step on stdout instead of the progress bar.
     #[arg(long)]
     pub json: bool,
-    /// Run N data-parallel in-process ranks (threads) instead of one process.
+    /// Run N in-process ranks (threads) of the layout below instead of one process.
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
-    /// ZeRO stage for --ranks > 1 or --mpi: 0 (replicated optimizer) or 1 (sharded optimizer state).
+    /// Tensor-parallel size (Megatron's column/row-parallel split, vocab-parallel embedding and loss).
+    #[arg(long, default_value_t = 1)]
+    pub tp: u32,
+    /// Pipeline-parallel size (contiguous layers per stage).
+    #[arg(long, default_value_t = 1)]
+    pub pp: u32,
+    /// Data-parallel size [default: ranks / (tp·pp)].
+    #[arg(long)]
+    pub dp: Option<u32>,
+    /// ZeRO stage: 0 (replicated), 1 (optimizer state sharded), 2 (gradients sharded too).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
-    /// With --ranks/--mpi: write the measured per-rank breakdown (and the planner's numbers for
-    /// the same layout, with the planner's names) to this JSON file.
+    /// Activation recomputation: none, selective (attention core) or full (per layer).
+    #[arg(long, default_value = "none")]
+    pub recompute: String,
+    /// Megatron sequence parallelism (the planner models it; the trainer rejects it for now).
+    #[arg(long)]
+    pub sequence_parallel: bool,
+    /// Model chunks per pipeline stage (interleaved 1F1B).
+    #[arg(long, default_value_t = 1)]
+    pub virtual_stages: u32,
+    /// Pipeline schedule with one chunk per stage: 1f1b or gpipe.
+    #[arg(long, default_value = "1f1b")]
+    pub schedule: String,
+    /// Rank order, innermost first (a permutation of tp, dp, pp).
+    #[arg(long, default_value = "tp-dp-pp")]
+    pub order: String,
+    /// Cluster whose planner prediction --report puts beside the measurement (bytes do not
+    /// depend on it; for times pass the file `exatrain calibrate --out` wrote).
+    #[arg(long, default_value = "frontier")]
+    pub cluster: String,
+    /// With a parallel run: write the measured per-rank and aggregate breakdown, and the
+    /// planner's numbers for the same layout (same names), to this JSON file.
     #[arg(long)]
     pub report: Option<PathBuf>,
-    /// Data parallelism over the MPI ranks of this job (`mpirun -n N exatrain train --mpi`);
-    /// needs a build with `--features mpi`.
+    /// Run as one rank of this MPI job (`mpirun -n N exatrain train --mpi --tp …`); needs a
+    /// build with `--features mpi`.
     #[arg(long)]
     pub mpi: bool,
 }
@@ -131,144 +161,260 @@ fn config(a: &TrainArgs) -> TrainConfig {
     }
 }
 
-/// The measured breakdown of a data-parallel run beside the planner's prediction for the layout.
-fn dp_report(
-    spec: &exatrain_spec::ModelSpec,
-    cfg: &TrainConfig,
-    zero: u8,
-    results: &[exatrain_train::dp::DpResult],
-) -> Result<serde_json::Value, SpecError> {
-    let dp = results.len() as u32;
-    let layout = exatrain_spec::ParallelConfig {
-        zero,
-        dtype: exatrain_spec::Dtype::Fp32,
-        ..exatrain_spec::ParallelConfig::new(1, 1, dp, cfg.micro_batch as u32, cfg.global_batch as u32)
+/// The layout the flags describe for a job of `world` ranks (the trainer runs fp32).
+fn layout(a: &TrainArgs, world: usize) -> Result<ParallelConfig, SpecError> {
+    let cells = (a.tp as usize).max(1) * (a.pp as usize).max(1);
+    let dp = match a.dp {
+        Some(d) => d,
+        None if world % cells == 0 => (world / cells) as u32,
+        None => {
+            return Err(SpecError::new(format!(
+                "{world} ranks are not divisible by --tp {} × --pp {}",
+                a.tp, a.pp
+            )))
+        }
     };
-    let cluster = exatrain_spec::presets::cluster("frontier")?; // bytes do not depend on the machine
-    let planned = exatrain_cost::plan(spec, &cluster, &layout)?;
-    let steps = cfg.steps as f64;
-    let ranks: Vec<serde_json::Value> = results
-        .iter()
-        .enumerate()
-        .map(|(r, x)| {
-            serde_json::json!({
-                "rank": r,
-                "time_s": {"compute": x.compute_seconds / steps, "dp_comm": x.dp_seconds / steps},
-                "comm_bytes": {"dp": x.dp_bytes_per_step},
-                "memory_bytes": {"weights": x.params.len() * 4, "optimizer": x.optimizer_bytes},
-            })
-        })
-        .collect();
+    Ok(ParallelConfig {
+        tp: a.tp,
+        pp: a.pp,
+        dp,
+        micro_batch: a.micro_batch as u32,
+        global_batch: a.global_batch as u32,
+        zero: a.zero,
+        recompute: a.recompute.parse::<Recompute>()?,
+        sequence_parallel: a.sequence_parallel,
+        virtual_stages: a.virtual_stages,
+        flash_attention: false,
+        dtype: Dtype::Fp32,
+        overlap_dp: false,
+        order: a.order.parse::<RankOrder>()?,
+    })
+}
+
+/// The measured breakdown of a parallel run beside the planner's prediction for its layout.
+fn report_json(
+    a: &TrainArgs,
+    spec: &ModelSpec,
+    pc: &ParallelConfig,
+    reports: &[RankReport],
+) -> Result<serde_json::Value, SpecError> {
+    let cluster = load::cluster(&a.cluster)?;
+    let planned = exatrain_cost::plan(spec, &cluster, pc)?;
     Ok(serde_json::json!({
-        "layout": layout,
-        "ranks": ranks,
-        "planned": {"comm_bytes": planned.comm_bytes, "memory_bytes": {"weights": planned.memory_bytes.weights, "optimizer": planned.memory_bytes.optimizer}},
+        "model": spec.name,
+        "layout": pc,
+        "schedule": a.schedule,
+        "cluster": cluster.name,
+        "ranks": reports,
+        "measured": parallel::aggregate(reports),
+        "planned": {
+            "step_time_s": planned.step_time_s,
+            "time_s": planned.time_s,
+            "comm_bytes": planned.comm_bytes,
+            "memory_bytes": planned.memory_bytes,
+        },
     }))
 }
 
-/// `--ranks N`: data parallelism over in-process ranks; prints one JSON line per step.
-fn run_data_parallel(a: &TrainArgs) -> Result<(), SpecError> {
-    if a.resume.is_some() {
-        return Err(SpecError::new("--resume is not supported with --ranks > 1 yet"));
-    }
-    let spec = load::model(&a.model)?;
-    let cfg = config(a);
-    cfg.check()?;
-    if cfg.global_batch % (cfg.micro_batch * a.ranks) != 0 {
-        return Err(SpecError::new(format!(
-            "--global-batch {} is not divisible by --micro-batch {} × --ranks {}",
-            cfg.global_batch, cfg.micro_batch, a.ranks
-        )));
-    }
-    let dir = data_dir(a, spec.vocab)?;
+/// Everything a parallel job's ranks share: the run, the layout, where it starts.
+struct Job {
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    pc: ParallelConfig,
+    schedule: Schedule,
+    data: PathBuf,
+    start: Option<Start>,
+    out: PathBuf,
+}
+
+/// The run to start or resume, checked against a world of `world` ranks before any work.
+fn job(a: &TrainArgs, world: usize, prepare_data: bool) -> Result<Job, SpecError> {
+    let schedule: Schedule = a.schedule.parse()?;
+    let (spec, cfg, data, start, out) = match &a.resume {
+        Some(r) => {
+            let dir = checkpoint::resolve(r)?;
+            let (state, params, opt) = checkpoint::load(&dir, true)?;
+            let mut cfg: TrainConfig = serde_json::from_value(state.config.clone())
+                .map_err(|e| SpecError::new(format!("{}: corrupt checkpoint config: {e}", dir.display())))?;
+            cfg.steps = a.steps;
+            let (m, v) = opt.expect("asked for the optimizer");
+            let start = Start {
+                step: state.step,
+                opt_step: state.opt_step,
+                params,
+                m,
+                v,
+            };
+            let out = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+            (state.model, cfg, state.data_dir, Some(start), out)
+        }
+        None => {
+            let spec = load::model(&a.model)?;
+            let cfg = config(a);
+            // the layout is checked before the data is touched
+            parallel::check(&spec, &cfg, &layout(a, world)?, world)?;
+            let data = if prepare_data {
+                data_dir(a, spec.vocab)?
+            } else {
+                match &a.data {
+                    Some(p) if p.is_dir() => p.clone(),
+                    _ => a.out.join("data"),
+                }
+            };
+            (spec, cfg, data, None, a.out.clone())
+        }
+    };
+    let pc = layout(a, world)?;
+    parallel::check(&spec, &cfg, &pc, world)?;
+    Ok(Job {
+        spec,
+        cfg,
+        pc,
+        schedule,
+        data,
+        start,
+        out,
+    })
+}
+
+/// Run this rank of the job: world rank 0 prints a JSON line per step and writes checkpoints
+/// (the whole model, so any layout can resume them).
+fn run_rank(j: &Job, world: &dyn Communicator) -> Result<RankResult, SpecError> {
+    let print = |l: &parallel::StepLine| {
+        let line = serde_json::json!({
+            "step": l.step, "loss": l.loss, "grad_norm": l.grad_norm, "lr": l.lr, "seconds": l.seconds,
+            "tokens_per_s": l.tokens_per_s, "ranks": j.pc.gpus(), "tp": j.pc.tp, "pp": j.pc.pp, "dp": j.pc.dp, "zero": j.pc.zero,
+        });
+        println!("{line}");
+    };
+    let save = |st: &Start| -> Result<(), SpecError> {
+        let shape = exatrain_train::GptShape::from_spec(&j.spec)?;
+        let state = checkpoint::State {
+            format: "exatrain-ckpt-v1".into(),
+            step: st.step,
+            opt_step: st.opt_step,
+            sequences: st.step * j.cfg.global_batch as u64,
+            seed: j.cfg.seed,
+            model: j.spec.clone(),
+            config: serde_json::to_value(&j.cfg).expect("json"),
+            data_dir: j.data.clone(),
+        };
+        let layout = exatrain_train::model::ParamLayout::new(&shape);
+        let dir = checkpoint::save(
+            &j.out,
+            &state,
+            &layout,
+            &st.params,
+            &st.m,
+            &st.v,
+            &j.data.join("tokenizer.json"),
+        )?;
+        eprintln!("checkpoint {}", dir.display());
+        Ok(())
+    };
+    let opts = Options {
+        schedule: j.schedule,
+        start: j.start.clone(),
+        on_checkpoint: Some(&save),
+        on_step: Some(&print),
+    };
+    parallel::train(&j.spec, &j.cfg, &j.pc, &opts, &j.data, world)
+}
+
+fn summary(j: &Job, r: &RankResult, seconds: f64) {
+    let steps = r.losses.len();
+    let tokens = (j.cfg.global_batch * j.spec.seq_len as usize * steps) as f64;
+    let m = &r.report.memory_bytes;
+    eprintln!(
+        "{} ranks ({}): {steps} steps in {seconds:.1} s ({:.0} tokens/s); rank 0 holds MiB: weights {:.2}, grads {:.2}, optimizer {:.2}, activations {:.2}",
+        j.pc.gpus(),
+        parallel::describe(&j.pc),
+        tokens / seconds,
+        m.weights as f64 / 1048576.0,
+        m.grads as f64 / 1048576.0,
+        m.optimizer as f64 / 1048576.0,
+        m.activations as f64 / 1048576.0,
+    );
+}
+
+/// `--ranks N`: the layout over in-process ranks (threads).
+fn run_in_process(a: &TrainArgs) -> Result<(), SpecError> {
+    let j = job(a, a.ranks, true)?;
     let comms = exatrain_parallel::comm::in_process(a.ranks, std::time::Duration::from_secs(30));
     let t0 = std::time::Instant::now();
-    let results: Vec<Result<exatrain_train::dp::DpResult, SpecError>> = std::thread::scope(|s| {
+    let results: Vec<Result<RankResult, SpecError>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let (spec, cfg, dir) = (&spec, &cfg, &dir);
-                s.spawn(move || {
-                    let r = exatrain_train::dp::train(spec, cfg, dir, &comm, a.zero);
-                    if let Err(e) = &r {
-                        use exatrain_parallel::comm::Communicator;
-                        comm.abort(&e.0);
-                    }
-                    r
-                })
+                let j = &j;
+                s.spawn(move || run_rank(j, &comm))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
-    let results: Vec<exatrain_train::dp::DpResult> = results.into_iter().collect::<Result<_, _>>()?;
+    // the first error that is not another rank's echo of it
+    let mut firsts: Vec<&SpecError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    firsts.sort_by_key(|e| e.0.contains("was aborted"));
+    if let Some(e) = firsts.first() {
+        return Err((*e).clone());
+    }
+    let results: Vec<RankResult> = results.into_iter().map(|r| r.expect("checked")).collect();
     if let Some(path) = &a.report {
-        let rep = dp_report(&spec, &cfg, a.zero, &results)?;
+        let reports: Vec<RankReport> = results.iter().map(|r| r.report.clone()).collect();
+        let rep = report_json(a, &j.spec, &j.pc, &reports)?;
         exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(&rep).expect("json").as_bytes())?;
     }
-    let r = &results[0];
-    let seconds = t0.elapsed().as_secs_f64();
-    let tokens = (cfg.global_batch * spec.seq_len as usize) as f64;
-    for (i, (l, sec)) in r.losses.iter().zip(&r.step_seconds).enumerate() {
-        let line = serde_json::json!({"step": i + 1, "loss": l, "seconds": sec, "tokens_per_s": tokens / sec, "ranks": a.ranks, "zero": a.zero});
-        println!("{line}");
-    }
-    eprintln!(
-        "{} data-parallel ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s); optimizer state per rank {:.1} MiB",
-        a.ranks,
-        a.zero,
-        r.losses.len(),
-        seconds,
-        (cfg.global_batch * spec.seq_len as usize * r.losses.len()) as f64 / seconds,
-        r.optimizer_bytes as f64 / 1048576.0
-    );
+    summary(&j, &results[0], t0.elapsed().as_secs_f64());
     Ok(())
 }
 
-/// `--mpi`: one data-parallel rank per MPI process; rank 0 prepares the data and prints.
+/// Every rank's report on every rank (JSON text carried as one f32 per byte).
+#[cfg(feature = "mpi")]
+fn gather_reports(world: &dyn Communicator, mine: &RankReport) -> Result<Vec<RankReport>, SpecError> {
+    let text = serde_json::to_vec(mine).expect("json");
+    let n = world.size();
+    let mut lens = vec![0.0f32; n];
+    world
+        .all_gather(&[text.len() as f32], &mut lens)
+        .map_err(|e| SpecError::new(e.0))?;
+    let max = lens.iter().fold(0.0f32, |a, b| a.max(*b)) as usize;
+    let mut mine_f = vec![0.0f32; max];
+    for (d, b) in mine_f.iter_mut().zip(&text) {
+        *d = *b as f32;
+    }
+    let mut all = vec![0.0f32; max * n];
+    world.all_gather(&mine_f, &mut all).map_err(|e| SpecError::new(e.0))?;
+    (0..n)
+        .map(|r| {
+            let bytes: Vec<u8> = all[r * max..r * max + lens[r] as usize]
+                .iter()
+                .map(|x| *x as u8)
+                .collect();
+            serde_json::from_slice(&bytes).map_err(|e| SpecError::new(format!("rank {r}'s report: {e}")))
+        })
+        .collect()
+}
+
+/// `--mpi`: this process is one rank of the MPI job; rank 0 prepares the data and prints.
 #[cfg(feature = "mpi")]
 fn run_mpi(a: &TrainArgs) -> Result<(), SpecError> {
-    use exatrain_parallel::comm::Communicator;
     let (_universe, comm) = exatrain_parallel::mpi_comm::Mpi::world().map_err(|e| SpecError::new(e.0))?;
-    let spec = load::model(&a.model)?;
-    let cfg = config(a);
-    cfg.check()?;
-    // Rank 0 tokenizes (once); the others wait for it, then open the same folder.
-    let dir = if comm.rank() == 0 {
-        let d = data_dir(a, spec.vocab);
-        if let Err(e) = &d {
-            comm.abort(&e.0);
-        }
-        d?
-    } else {
-        match &a.data {
-            Some(p) if p.is_dir() => p.clone(),
-            _ => a.out.join("data"),
-        }
+    let fail = |e: SpecError| -> SpecError {
+        comm.abort(&e.0);
+        e
     };
+    // Rank 0 tokenizes (once); the others wait for it, then open the same folder.
+    let j = job(a, comm.size(), comm.rank() == 0).map_err(fail)?;
     comm.barrier().map_err(|e| SpecError::new(e.0))?;
     let t0 = std::time::Instant::now();
-    let r = match exatrain_train::dp::train(&spec, &cfg, &dir, &comm, a.zero) {
-        Ok(r) => r,
-        Err(e) => {
-            comm.abort(&e.0);
-            return Err(e);
-        }
-    };
+    let r = run_rank(&j, &comm)?;
+    let reports = gather_reports(&comm, &r.report)?;
     if comm.rank() == 0 {
-        let seconds = t0.elapsed().as_secs_f64();
-        let tokens = (cfg.global_batch * spec.seq_len as usize) as f64;
-        for (i, (l, sec)) in r.losses.iter().zip(&r.step_seconds).enumerate() {
-            let line = serde_json::json!({"step": i + 1, "loss": l, "seconds": sec, "tokens_per_s": tokens / sec, "ranks": comm.size(), "zero": a.zero});
-            println!("{line}");
+        if let Some(path) = &a.report {
+            let rep = report_json(a, &j.spec, &j.pc, &reports)?;
+            exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(&rep).expect("json").as_bytes())?;
         }
-        eprintln!(
-            "{} MPI ranks (ZeRO-{}): {} steps in {:.1} s ({:.0} tokens/s)",
-            comm.size(),
-            a.zero,
-            r.losses.len(),
-            seconds,
-            (cfg.global_batch * spec.seq_len as usize * r.losses.len()) as f64 / seconds
-        );
+        summary(&j, &r, t0.elapsed().as_secs_f64());
     }
     Ok(())
 }
@@ -287,8 +433,8 @@ pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
     if a.ranks == 0 {
         return Err(SpecError::new("--ranks must be a positive integer"));
     }
-    if a.ranks > 1 {
-        return run_data_parallel(&a);
+    if a.ranks > 1 || a.tp > 1 || a.pp > 1 || a.dp.is_some_and(|d| d > 1) {
+        return run_in_process(&a);
     }
     let mut trainer = match &a.resume {
         Some(r) => Trainer::resume(r, Some(a.steps))?,

@@ -149,6 +149,37 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
             &["plan", "--gpus", "1000"],
             "--gpus 1000 is not divisible by --tp 4 × --pp 16",
         ),
+        (
+            &["train", "--ranks", "3", "--tp", "3"],
+            "--tp 3 does not divide 4 heads",
+        ),
+        (
+            &["train", "--ranks", "4", "--pp", "3"],
+            "4 ranks are not divisible by --tp 1 × --pp 3",
+        ),
+        (&["train", "--ranks", "2", "--dp", "4"], "= 4 ranks, but the job has 2"),
+        (
+            &["train", "--ranks", "2", "--zero", "3"],
+            "the trainer implements ZeRO 0, 1 and 2",
+        ),
+        (
+            &["train", "--ranks", "2", "--pp", "2", "--schedule", "zigzag"],
+            "allowed: gpipe, 1f1b",
+        ),
+        (
+            &[
+                "train",
+                "--ranks",
+                "2",
+                "--pp",
+                "2",
+                "--virtual-stages",
+                "2",
+                "--micro-batch",
+                "16",
+            ],
+            "multiple of --pp 2",
+        ),
     ];
     for (args, want) in cases {
         let out = exatrain(args);

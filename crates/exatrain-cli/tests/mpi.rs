@@ -1,4 +1,4 @@
-//! Data parallelism over real MPI ranks (`mpirun`), when built with `--features mpi`
+//! 3D parallelism over real MPI ranks (`mpirun`), when built with `--features mpi`
 //! (.ci/run does; it installs Open MPI). Without the feature this file has no tests.
 #![cfg(feature = "mpi")]
 
@@ -30,14 +30,14 @@ fn losses(o: &Output) -> Vec<f64> {
 }
 
 #[test]
-fn mpi_data_parallel_trains_what_one_process_trains() {
+fn mpi_layouts_train_what_one_process_trains() {
     let dir = std::env::temp_dir().join(format!("exatrain-mpi-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("tiny.toml");
     std::fs::write(
         &model,
-        "name = \"tiny\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
     )
     .unwrap();
     let out = dir.join("run");
@@ -63,16 +63,20 @@ fn mpi_data_parallel_trains_what_one_process_trains() {
             .unwrap(),
     );
     assert_eq!(single.len(), 3);
-    for (n, zero) in [(2usize, "0"), (4, "1")] {
-        let mut args = vec!["train", "--mpi", "--zero", zero];
+    let layouts: [(usize, &[&str]); 4] = [
+        (2, &["--zero", "0"]),
+        (4, &["--tp", "2", "--pp", "2"]),
+        (4, &["--pp", "2", "--zero", "2", "--recompute", "full"]),
+        (4, &["--tp", "2", "--zero", "1", "--recompute", "selective"]),
+    ];
+    for (n, flags) in layouts {
+        let mut args = vec!["train", "--mpi"];
+        args.extend(flags);
         args.extend(common);
         let got = losses(&mpirun(n, &args));
-        assert_eq!(got.len(), 3, "{n} ranks");
+        assert_eq!(got.len(), 3, "{n} ranks {flags:?}");
         for (a, b) in got.iter().zip(&single) {
-            assert!(
-                (a - b).abs() <= 1e-5 * b,
-                "{n} ranks, ZeRO-{zero}: {got:?} vs {single:?}"
-            );
+            assert!((a - b).abs() <= 1e-5 * b, "{n} ranks {flags:?}: {got:?} vs {single:?}");
         }
     }
 }

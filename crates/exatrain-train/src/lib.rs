@@ -11,7 +11,6 @@
 pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
-pub mod dp;
 pub mod hf;
 pub mod kernels;
 pub mod model;

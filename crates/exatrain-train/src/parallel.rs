@@ -21,7 +21,7 @@ use std::time::Instant;
 use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{self, Dataset};
 use crate::model::{Gpt, GptShape, Part, TpGroup};
@@ -95,7 +95,7 @@ pub struct Options<'a> {
 }
 
 /// Seconds per step in each term, with the planner's `time_s` names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Times {
     /// forward and backward kernels (recomputation included), communication excluded
     pub compute: f64,
@@ -113,7 +113,7 @@ pub struct Times {
 
 /// Bytes one rank sends per step in each collective kind (ring count, as the planner's
 /// `comm_bytes`: an all-reduce of M bytes over n ranks sends 2(n−1)/n·M).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct CommBytes {
     pub tp: f64,
     pub pp: f64,
@@ -125,7 +125,7 @@ pub struct CommBytes {
 }
 
 /// Bytes held, with the planner's `memory_bytes` names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct MemoryBytes {
     pub weights: usize,
     /// gradients kept across the step's microbatches (ZeRO-2: the shard)
@@ -139,7 +139,7 @@ pub struct MemoryBytes {
 }
 
 /// One rank's measurements.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankReport {
     pub rank: usize,
     pub tp: u32,

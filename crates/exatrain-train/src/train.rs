@@ -133,17 +133,6 @@ pub fn measure_peak() -> f64 {
     crate::calibrate::time_gemm(1024, 1024, 1024, 10) * 1e9
 }
 
-fn decay_ranges(m: &Gpt<f32>) -> Vec<std::ops::Range<usize>> {
-    let mut d: Vec<_> = m
-        .layout
-        .blocks
-        .iter()
-        .flat_map(|b| [b.qkvw.clone(), b.projw.clone(), b.fcw.clone(), b.fcprojw.clone()])
-        .collect();
-    d.push(m.layout.wte.clone());
-    d
-}
-
 impl Trainer {
     /// Start a run of `spec` on `data_dir`, checkpointing into `out`.
     pub fn new(spec: ModelSpec, cfg: TrainConfig, data_dir: &Path, out: &Path) -> Result<Trainer, SpecError> {
@@ -170,7 +159,7 @@ impl Trainer {
                 ..Default::default()
             },
             model.params.len(),
-            decay_ranges(&model),
+            model.layout.decayed(),
         );
         Ok(Trainer {
             spec,
