@@ -199,7 +199,8 @@ fn report_json(
     reports: &[RankReport],
 ) -> Result<serde_json::Value, SpecError> {
     let cluster = load::cluster(&a.cluster)?;
-    let planned = exatrain_cost::plan(spec, &cluster, pc)?;
+    let (trained, layout) = parallel::as_trained(spec, pc);
+    let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
     Ok(serde_json::json!({
         "model": spec.name,
         "layout": pc,

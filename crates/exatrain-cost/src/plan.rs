@@ -228,7 +228,15 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             act += tokens * m.hidden as f64 * mask / sp * chunks / v;
         }
         if last {
-            act += logits;
+            // the softmax over the logits, and the final norm's input and output (the head's
+            // GEMM input)
+            act += logits + 2.0 * tokens * m.hidden as f64 * e / sp;
+        }
+        if pp > 1 {
+            // every in-flight chunk that does not start with the embedding keeps the activation
+            // it received from the previous stage (Megatron's input_tensors)
+            let received = chunks - if first { chunks / v } else { 0.0 };
+            act += tokens * m.hidden as f64 * e / sp * received;
         }
         let weights = shard(params * e, 3);
         let grads = shard(params * e, 2);

@@ -366,15 +366,16 @@ pub struct BlockActs {
     pub qkv: Range<usize>,      // [N, 3Cl]
     pub att: Range<usize>,      // [B, NH/tp, T, T]  (scratch under selective recompute)
     pub atty: Range<usize>,     // [N, Cl]
-    pub attproj: Range<usize>,  // [N, C]
+    pub attproj: Range<usize>,  // [N, C]  (scratch)
     pub res2: Range<usize>,     // [N, C]
     pub ln2: Range<usize>,      // [N, C]
     pub ln2_mean: Range<usize>, // [N]
     pub ln2_rstd: Range<usize>, // [N]
     pub fch: Range<usize>,      // [N, Fl]
     pub fch_gelu: Range<usize>, // [N, Fl]
-    pub fcproj: Range<usize>,   // [N, C]
-    pub res3: Range<usize>,     // [N, C]  (the only kept tensor under full recompute)
+    pub fcproj: Range<usize>,   // [N, C]  (scratch)
+    pub res3: Range<usize>,     // [N, C]  (the only kept tensor under full recompute; scratch
+                                //          for a stage's last block, whose output is sent on)
 }
 
 /// Every activation tensor's range of one in-flight (B, T) microbatch; head tensors are empty
@@ -388,7 +389,7 @@ pub struct ActLayout {
     pub lnf: Range<usize>,      // [N, C]
     pub lnf_mean: Range<usize>, // [N]
     pub lnf_rstd: Range<usize>, // [N]
-    pub logits: Range<usize>,   // [N, Vp/tp]
+    pub logits: Range<usize>,   // [N, Vp/tp]  (scratch: valid until the next pass)
     pub probs: Range<usize>,    // [N, Vp/tp]
     pub losses: Range<usize>,   // [N]
     pub ce_max: Range<usize>,   // [N]  row max over the whole vocabulary
@@ -416,11 +417,15 @@ impl ActLayout {
         let mut k = Cursor(kept_base);
         let mut scratch_len = 0;
         let encoded = k.take(n * c);
+        let last = part.layers.len().saturating_sub(1);
         let blocks = part
             .layers
             .clone()
-            .map(|_| {
+            .enumerate()
+            .map(|(i, _)| {
                 let mut sc = Cursor(scratch_base);
+                // a stage's output is sent on at once, and its backward never reads it
+                let sent = i == last && !part.head;
                 let full = part.recompute == Recompute::Full;
                 let sel = part.recompute == Recompute::Selective;
                 let mut take = |len: usize, kept: bool| if kept { k.take(len) } else { sc.take(len) };
@@ -431,21 +436,27 @@ impl ActLayout {
                     qkv: take(n * 3 * cl, !full),
                     att: take(b * d.nh * t * t, !full && !sel),
                     atty: take(n * cl, !full),
-                    attproj: take(n * c, !full),
+                    // the projections' outputs are only added into the residual stream: backward
+                    // never reads them, so they live in the scratch
+                    attproj: take(n * c, false),
                     res2: take(n * c, !full),
                     ln2: take(n * c, !full),
                     ln2_mean: take(n, !full),
                     ln2_rstd: take(n, !full),
                     fch: take(n * f, !full),
                     fch_gelu: take(n * f, !full),
-                    fcproj: take(n * c, !full),
-                    res3: take(n * c, true),
+                    fcproj: take(n * c, false),
+                    res3: take(n * c, !sent),
                 };
                 scratch_len = scratch_len.max(sc.0 - scratch_base);
                 a
             })
             .collect();
         let h = |len: usize| if part.head { len } else { 0 };
+        // the logits are read only by the cross-entropy's forward (backward needs the probs)
+        let mut head_scratch = Cursor(scratch_base);
+        let logits = head_scratch.take(h(n * d.vl));
+        scratch_len = scratch_len.max(head_scratch.0 - scratch_base);
         let lay = ActLayout {
             b,
             t,
@@ -454,7 +465,7 @@ impl ActLayout {
             lnf: k.take(h(n * c)),
             lnf_mean: k.take(h(n)),
             lnf_rstd: k.take(h(n)),
-            logits: k.take(h(n * d.vl)),
+            logits,
             probs: k.take(h(n * d.vl)),
             losses: k.take(h(n)),
             ce_max: k.take(h(n)),
@@ -472,7 +483,8 @@ impl ActLayout {
         }
     }
 
-    /// The part's output: the last block's residual stream.
+    /// The part's output: the last block's residual stream (in the scratch unless the part
+    /// holds the head: valid until the next pass).
     fn output(&self) -> Range<usize> {
         self.block_input(self.blocks.len())
     }
@@ -682,16 +694,28 @@ impl<R: Real> Gpt<R> {
     }
 
     /// Bytes of the activations kept from forward for backward over all slots (the planner's
-    /// `activations`).
+    /// `activations`), and under full recomputation the block being recomputed.
     pub fn activation_bytes(&self) -> usize {
-        (self.acts.len() - self.scratch_len) * std::mem::size_of::<R>()
+        // under full recomputation the scratch is the one block being recomputed: the planner
+        // counts it as activations
+        let scratch = if self.layout.part.recompute == Recompute::Full {
+            0
+        } else {
+            self.scratch_len
+        };
+        (self.acts.len() - scratch) * std::mem::size_of::<R>()
     }
 
     /// Bytes of the backward workspace and the recompute scratch: the head's and one block's
     /// activation gradients plus the residual gradient (not kept across the step; the planner
     /// does not count it).
     pub fn workspace_bytes(&self) -> usize {
-        (self.dacts.len() + self.scratch_len) * std::mem::size_of::<R>()
+        let scratch = if self.layout.part.recompute == Recompute::Full {
+            0
+        } else {
+            self.scratch_len
+        };
+        (self.dacts.len() + scratch) * std::mem::size_of::<R>()
     }
 
     /// Size the buffers for `slots` microbatches of (B, T) in flight at once.
@@ -959,7 +983,7 @@ impl<R: Real> Gpt<R> {
         self.grads.iter_mut().for_each(|x| *x = R::zero());
     }
 
-    /// Logits of the last forward, [B·T, Vp/tp].
+    /// Logits of the last forward, [B·T, Vp/tp] (valid until the next forward or backward).
     pub fn logits(&self) -> &[R] {
         &self.acts[self.slots[0].act.logits.clone()]
     }

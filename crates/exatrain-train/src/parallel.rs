@@ -922,6 +922,22 @@ pub fn aggregate(reports: &[RankReport]) -> RankReport {
     a
 }
 
+/// The model and layout the planner should be asked about to compare with this trainer: it
+/// trains in fp32 without dropout and without overlapping the data-parallel reduction.
+pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, ParallelConfig) {
+    let spec = ModelSpec {
+        dropout: false,
+        ..spec.clone()
+    };
+    let pc = ParallelConfig {
+        dtype: exatrain_spec::Dtype::Fp32,
+        flash_attention: false,
+        overlap_dp: false,
+        ..*pc
+    };
+    (spec, pc)
+}
+
 /// The grid dimension sizes of a layout, for messages.
 pub fn describe(pc: &ParallelConfig) -> String {
     format!(

@@ -263,7 +263,8 @@ fn bytes_moved_and_held_match_the_planner() {
             .collect();
         let reports: Vec<_> = results.iter().map(|r| r.report.clone()).collect();
         let got = parallel::aggregate(&reports);
-        let plan = exatrain_cost::plan(&spec(), &cluster, &pc).unwrap();
+        let (trained, as_planned) = parallel::as_trained(&spec(), &pc);
+        let plan = exatrain_cost::plan(&trained, &cluster, &as_planned).unwrap();
         let name = parallel::describe(&pc);
         let (m, b) = (&got.memory_bytes, &got.comm_bytes);
         eprintln!(
