@@ -105,6 +105,9 @@ pub struct TuneArgs {
     /// Do not consider interleaved schedules.
     #[arg(long)]
     pub no_interleave: bool,
+    /// Do not consider sequence parallelism (exatrain's trainer does not run it yet).
+    #[arg(long)]
+    pub no_sp: bool,
 }
 
 /// Everything a stored search needs to resume.
@@ -224,6 +227,9 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     }
     if a.no_flash {
         s.flash_attention = vec![false];
+    }
+    if a.no_sp {
+        s.sequence_parallel = vec![false];
     }
     s.interleave = !a.no_interleave;
     Ok(s)
