@@ -85,8 +85,9 @@ pub struct TrainArgs {
     /// Activation recomputation: none, selective (attention core) or full (per layer).
     #[arg(long, default_value = "none")]
     pub recompute: String,
-    /// Megatron sequence parallelism (the planner models it; the trainer rejects it for now).
-    #[arg(long)]
+    /// Megatron sequence parallelism: norms and residual stream sharded over the tp ranks' tokens
+    /// (`--sequence-parallel`, or `--sequence-parallel 1|0` as a tuner template fills it).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub sequence_parallel: bool,
     /// Model chunks per pipeline stage (interleaved 1F1B).
     #[arg(long, default_value_t = 1)]

@@ -105,7 +105,7 @@ pub struct TuneArgs {
     /// Do not consider interleaved schedules.
     #[arg(long)]
     pub no_interleave: bool,
-    /// Do not consider sequence parallelism (exatrain's trainer does not run it yet).
+    /// Do not consider sequence parallelism.
     #[arg(long)]
     pub no_sp: bool,
 }

@@ -63,9 +63,10 @@ fn mpi_layouts_train_what_one_process_trains() {
             .unwrap(),
     );
     assert_eq!(single.len(), 3);
-    let layouts: [(usize, &[&str]); 4] = [
+    let layouts: [(usize, &[&str]); 5] = [
         (2, &["--zero", "0"]),
         (4, &["--tp", "2", "--pp", "2"]),
+        (4, &["--tp", "2", "--dp", "2", "--sequence-parallel", "--zero", "1"]),
         (4, &["--pp", "2", "--zero", "2", "--recompute", "full"]),
         (4, &["--tp", "2", "--zero", "1", "--recompute", "selective"]),
     ];

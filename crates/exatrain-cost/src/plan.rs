@@ -104,12 +104,22 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     };
     // forward 2, backward 2, re-forward 2 under full recomputation
     let collectives = if p.recompute == Recompute::Full { 6.0 } else { 4.0 };
-    let tp_block = collectives * per_pair;
+    // Sequence parallelism keeps only 1/t of the norms' outputs, so backward gathers the two
+    // column-parallel GEMMs' inputs again for their weight gradients (and the head's once).
+    let regather = if p.sequence_parallel {
+        comm::all_gather(act_msg, tp, tp_link)
+    } else {
+        0.0
+    };
+    let tp_block = collectives * per_pair + 2.0 * regather;
     // The vocabulary-parallel embedding reduces its output; the head reduces its input gradient.
     let (first_tp, last_tp) = if pp == 1 {
-        (blocks * tp_block + 2.0 * per_pair, blocks * tp_block + 2.0 * per_pair)
+        (
+            blocks * tp_block + 2.0 * per_pair + regather,
+            blocks * tp_block + 2.0 * per_pair + regather,
+        )
     } else {
-        (blocks * tp_block + per_pair, blocks * tp_block + per_pair)
+        (blocks * tp_block + per_pair, blocks * tp_block + per_pair + regather)
     };
     let (stage_c, stage_tp) = if first_c + first_tp >= last_c + last_tp {
         (first_c, first_tp)
@@ -125,8 +135,11 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         }
     };
     // A ring all-reduce sends 2(n-1)/n of the buffer; all-gather + reduce-scatter send the same.
-    let tp_bytes_block = collectives * ring(2.0);
-    let tp_bytes = mbf * (blocks * tp_bytes_block + ring(2.0) * if pp == 1 { 2.0 } else { 1.0 });
+    let sp_regather = if p.sequence_parallel { ring(1.0) } else { 0.0 };
+    let tp_bytes_block = collectives * ring(2.0) + 2.0 * sp_regather;
+    // the busiest rank: the last stage (head: one pair and, with SP, one re-gather)
+    let ends = if pp == 1 { 2.0 * ring(2.0) } else { ring(2.0) };
+    let tp_bytes = mbf * (blocks * tp_bytes_block + ends + sp_regather);
 
     // --- pipeline
     let (pp_comm, pp_bytes) = if pp > 1 {

@@ -84,6 +84,9 @@ pub struct Part {
     /// tensor-parallel size and this rank's index in its group
     pub tp: usize,
     pub tp_rank: usize,
+    /// Megatron's sequence parallelism: the norms and the residual stream hold this rank's 1/tp
+    /// of the rows (tokens), gathered before and reduce-scattered after each parallel region
+    pub sp: bool,
     pub recompute: Recompute,
 }
 
@@ -95,6 +98,7 @@ impl Part {
             head: true,
             tp: 1,
             tp_rank: 0,
+            sp: false,
             recompute: Recompute::None,
         }
     }
@@ -359,23 +363,29 @@ impl ParamLayout {
 /// Under recomputation the tensors not kept point into a scratch region shared by all blocks
 /// and microbatches, refilled in backward.
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// Rows: R = N/tp under sequence parallelism, else N; the `_full` tensors are the gathered [N, C]
+/// inputs of the column-parallel GEMMs and the [N, C] partial sums of the row-parallel ones.
 pub struct BlockActs {
-    pub ln1: Range<usize>,      // [N, C]
-    pub ln1_mean: Range<usize>, // [N]
-    pub ln1_rstd: Range<usize>, // [N]
-    pub qkv: Range<usize>,      // [N, 3Cl]
-    pub att: Range<usize>,      // [B, NH/tp, T, T]  (scratch under selective recompute)
-    pub atty: Range<usize>,     // [N, Cl]
-    pub attproj: Range<usize>,  // [N, C]  (scratch)
-    pub res2: Range<usize>,     // [N, C]
-    pub ln2: Range<usize>,      // [N, C]
-    pub ln2_mean: Range<usize>, // [N]
-    pub ln2_rstd: Range<usize>, // [N]
-    pub fch: Range<usize>,      // [N, Fl]
-    pub fch_gelu: Range<usize>, // [N, Fl]
-    pub fcproj: Range<usize>,   // [N, C]  (scratch)
-    pub res3: Range<usize>,     // [N, C]  (the only kept tensor under full recompute; scratch
-                                //          for a stage's last block, whose output is sent on)
+    pub ln1: Range<usize>,          // [R, C]
+    pub ln1_mean: Range<usize>,     // [R]
+    pub ln1_rstd: Range<usize>,     // [R]
+    pub ln1_full: Range<usize>,     // [N, C]  (scratch: gathered again in backward)
+    pub qkv: Range<usize>,          // [N, 3Cl]
+    pub att: Range<usize>,          // [B, NH/tp, T, T]  (scratch under selective recompute)
+    pub atty: Range<usize>,         // [N, Cl]
+    pub attproj_full: Range<usize>, // [N, C]  (scratch)
+    pub attproj: Range<usize>,      // [R, C]  (scratch)
+    pub res2: Range<usize>,         // [R, C]
+    pub ln2: Range<usize>,          // [R, C]
+    pub ln2_mean: Range<usize>,     // [R]
+    pub ln2_rstd: Range<usize>,     // [R]
+    pub ln2_full: Range<usize>,     // [N, C]  (scratch: gathered again in backward)
+    pub fch: Range<usize>,          // [N, Fl]
+    pub fch_gelu: Range<usize>,     // [N, Fl]
+    pub fcproj_full: Range<usize>,  // [N, C]  (scratch)
+    pub fcproj: Range<usize>,       // [R, C]  (scratch)
+    pub res3: Range<usize>,         // [R, C]  (the only kept tensor under full recompute; scratch
+                                    //          for a stage's last block, whose output is sent on)
 }
 
 /// Every activation tensor's range of one in-flight (B, T) microbatch; head tensors are empty
@@ -384,11 +394,15 @@ pub struct BlockActs {
 pub struct ActLayout {
     pub b: usize,
     pub t: usize,
-    pub encoded: Range<usize>, // [N, C] the part's input: the embedding, or what the previous stage sent
+    /// rows of the residual stream on this rank (N/tp under sequence parallelism)
+    pub rows: usize,
+    pub enc_full: Range<usize>, // [N, C] the embedding's partial sums (scratch)
+    pub encoded: Range<usize>,  // [R, C] the part's input: the embedding, or what the previous stage sent
     pub blocks: Vec<BlockActs>,
-    pub lnf: Range<usize>,      // [N, C]
-    pub lnf_mean: Range<usize>, // [N]
-    pub lnf_rstd: Range<usize>, // [N]
+    pub lnf: Range<usize>,      // [R, C]
+    pub lnf_mean: Range<usize>, // [R]
+    pub lnf_rstd: Range<usize>, // [R]
+    pub lnf_full: Range<usize>, // [N, C] (scratch: gathered again in backward)
     pub logits: Range<usize>,   // [N, Vp/tp]  (scratch: valid until the next pass)
     pub probs: Range<usize>,    // [N, Vp/tp]
     pub losses: Range<usize>,   // [N]
@@ -414,9 +428,13 @@ impl ActLayout {
     ) -> (Self, usize, usize) {
         let d = Dims::new(s, part);
         let (n, c, cl, f) = (b * t, d.c, d.cl, d.f);
+        let r = if part.sp { n / part.tp } else { n };
         let mut k = Cursor(kept_base);
         let mut scratch_len = 0;
-        let encoded = k.take(n * c);
+        let mut enc_scratch = Cursor(scratch_base);
+        let enc_full = enc_scratch.take(if part.embed { n * c } else { 0 });
+        scratch_len = scratch_len.max(enc_scratch.0 - scratch_base);
+        let encoded = k.take(r * c);
         let last = part.layers.len().saturating_sub(1);
         let blocks = part
             .layers
@@ -430,23 +448,27 @@ impl ActLayout {
                 let sel = part.recompute == Recompute::Selective;
                 let mut take = |len: usize, kept: bool| if kept { k.take(len) } else { sc.take(len) };
                 let a = BlockActs {
-                    ln1: take(n * c, !full),
-                    ln1_mean: take(n, !full),
-                    ln1_rstd: take(n, !full),
+                    ln1: take(r * c, !full),
+                    ln1_mean: take(r, !full),
+                    ln1_rstd: take(r, !full),
+                    ln1_full: take(n * c, false),
                     qkv: take(n * 3 * cl, !full),
                     att: take(b * d.nh * t * t, !full && !sel),
                     atty: take(n * cl, !full),
                     // the projections' outputs are only added into the residual stream: backward
                     // never reads them, so they live in the scratch
-                    attproj: take(n * c, false),
-                    res2: take(n * c, !full),
-                    ln2: take(n * c, !full),
-                    ln2_mean: take(n, !full),
-                    ln2_rstd: take(n, !full),
+                    attproj_full: take(n * c, false),
+                    attproj: take(r * c, false),
+                    res2: take(r * c, !full),
+                    ln2: take(r * c, !full),
+                    ln2_mean: take(r, !full),
+                    ln2_rstd: take(r, !full),
+                    ln2_full: take(n * c, false),
                     fch: take(n * f, !full),
                     fch_gelu: take(n * f, !full),
-                    fcproj: take(n * c, false),
-                    res3: take(n * c, !sent),
+                    fcproj_full: take(n * c, false),
+                    fcproj: take(r * c, false),
+                    res3: take(r * c, !sent),
                 };
                 scratch_len = scratch_len.max(sc.0 - scratch_base);
                 a
@@ -456,15 +478,19 @@ impl ActLayout {
         // the logits are read only by the cross-entropy's forward (backward needs the probs)
         let mut head_scratch = Cursor(scratch_base);
         let logits = head_scratch.take(h(n * d.vl));
+        let lnf_full = head_scratch.take(h(n * c));
         scratch_len = scratch_len.max(head_scratch.0 - scratch_base);
         let lay = ActLayout {
             b,
             t,
+            rows: r,
+            enc_full,
             encoded,
             blocks,
-            lnf: k.take(h(n * c)),
-            lnf_mean: k.take(h(n)),
-            lnf_rstd: k.take(h(n)),
+            lnf: k.take(h(r * c)),
+            lnf_mean: k.take(h(r)),
+            lnf_rstd: k.take(h(r)),
+            lnf_full,
             logits,
             probs: k.take(h(n * d.vl)),
             losses: k.take(h(n)),
@@ -495,18 +521,24 @@ impl ActLayout {
 /// block — only one block's are live at a time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GradLayout {
-    pub dlogits: Range<usize>,   // [N, Vp/tp]
-    pub dlnf: Range<usize>,      // [N, C]
-    pub dres: [Range<usize>; 2], // [N, C] each
-    pub dln1: Range<usize>,      // [N, C]
-    pub dqkv: Range<usize>,      // [N, 3Cl]
-    pub datty: Range<usize>,     // [N, Cl]
-    pub dattproj: Range<usize>,  // [N, C]
-    pub dres2: Range<usize>,     // [N, C]
-    pub dln2: Range<usize>,      // [N, C]
-    pub dfch: Range<usize>,      // [N, Fl]
-    pub dfchg: Range<usize>,     // [N, Fl]
-    pub dfcproj: Range<usize>,   // [N, C]
+    pub dlogits: Range<usize>,       // [N, Vp/tp]
+    pub dlnf_full: Range<usize>,     // [N, C]
+    pub dlnf: Range<usize>,          // [R, C]
+    pub denc_full: Range<usize>,     // [N, C]
+    pub dres: [Range<usize>; 2],     // [R, C] each
+    pub dln1_full: Range<usize>,     // [N, C]
+    pub dln1: Range<usize>,          // [R, C]
+    pub dqkv: Range<usize>,          // [N, 3Cl]
+    pub datty: Range<usize>,         // [N, Cl]
+    pub dattproj_full: Range<usize>, // [N, C]
+    pub dattproj: Range<usize>,      // [R, C]
+    pub dres2: Range<usize>,         // [R, C]
+    pub dln2_full: Range<usize>,     // [N, C]
+    pub dln2: Range<usize>,          // [R, C]
+    pub dfch: Range<usize>,          // [N, Fl]
+    pub dfchg: Range<usize>,         // [N, Fl]
+    pub dfcproj_full: Range<usize>,  // [N, C]
+    pub dfcproj: Range<usize>,       // [R, C]
     pub total: usize,
 }
 
@@ -514,31 +546,40 @@ impl GradLayout {
     fn new(s: &GptShape, part: &Part, b: usize, t: usize) -> Self {
         let d = Dims::new(s, part);
         let (n, c, cl, f) = (b * t, d.c, d.cl, d.f);
+        let r = if part.sp { n / part.tp } else { n };
         let mut k = Cursor(0);
         let h = |len: usize| if part.head { len } else { 0 };
         let dlogits = k.take(h(n * d.vl));
-        let dlnf = k.take(h(n * c));
-        let dres = [k.take(n * c), k.take(n * c)];
+        let dlnf_full = k.take(h(n * c));
+        let dlnf = k.take(h(r * c));
+        let denc_full = k.take(if part.embed { n * c } else { 0 });
+        let dres = [k.take(r * c), k.take(r * c)];
         GradLayout {
             dlogits,
+            dlnf_full,
             dlnf,
+            denc_full,
             dres,
-            dln1: k.take(n * c),
+            dln1_full: k.take(n * c),
+            dln1: k.take(r * c),
             dqkv: k.take(n * 3 * cl),
             datty: k.take(n * cl),
-            dattproj: k.take(n * c),
-            dres2: k.take(n * c),
-            dln2: k.take(n * c),
+            dattproj_full: k.take(n * c),
+            dattproj: k.take(r * c),
+            dres2: k.take(r * c),
+            dln2_full: k.take(n * c),
+            dln2: k.take(r * c),
             dfch: k.take(n * f),
             dfchg: k.take(n * f),
-            dfcproj: k.take(n * c),
+            dfcproj_full: k.take(n * c),
+            dfcproj: k.take(r * c),
             total: k.0,
         }
     }
 
     /// The range holding one block's scratch gradients (everything after the residual buffers).
     fn block_scratch(&self) -> Range<usize> {
-        self.dln1.start..self.total
+        self.dln1_full.start..self.total
     }
 }
 
@@ -574,6 +615,12 @@ pub trait TpGroup<R> {
     fn size(&self) -> usize;
     /// Sum over the group, in place (activation traffic: the planner's TP bytes).
     fn all_reduce(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// `full` [size · mine.len()] ends as every rank's `mine` in rank order (sequence parallel:
+    /// forward of f, backward of g).
+    fn all_gather(&self, mine: &[R], full: &mut [R]) -> Result<(), CommError>;
+    /// `mine` ends as this rank's chunk of the sum of `full` (sequence parallel: forward of g,
+    /// backward of f).
+    fn reduce_scatter(&self, full: &[R], mine: &mut [R]) -> Result<(), CommError>;
     /// Elementwise max over the group (the cross-entropy's row max: N values, not metered).
     fn max_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
     /// Sum of the cross-entropy's per-row statistics (2N values, not metered).
@@ -590,10 +637,42 @@ impl<R: Real> TpGroup<R> for Alone {
     fn all_reduce(&self, _: &mut [R]) -> Result<(), CommError> {
         Ok(())
     }
+    fn all_gather(&self, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+        full.copy_from_slice(mine);
+        Ok(())
+    }
+    fn reduce_scatter(&self, full: &[R], mine: &mut [R]) -> Result<(), CommError> {
+        mine.copy_from_slice(full);
+        Ok(())
+    }
     fn max_stats(&self, _: &mut [R]) -> Result<(), CommError> {
         Ok(())
     }
     fn sum_stats(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+/// Megatron's f before a column-parallel region, forward (and g's backward): under sequence
+/// parallelism all-gather the rows, else the rows are already whole (a copy).
+fn seq_gather<R: Real>(tp: &dyn TpGroup<R>, sp: bool, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+    if sp {
+        tp.all_gather(mine, full)
+    } else {
+        full.copy_from_slice(mine);
+        Ok(())
+    }
+}
+
+/// Megatron's g after a row-parallel region, forward (and f's backward): sum the partial
+/// results over the group — reduce-scattered to this rank's rows under sequence parallelism,
+/// all-reduced otherwise.
+fn seq_reduce<R: Real>(tp: &dyn TpGroup<R>, sp: bool, full: &mut [R], mine: &mut [R]) -> Result<(), CommError> {
+    if sp {
+        tp.reduce_scatter(full, mine)
+    } else {
+        tp.all_reduce(full)?;
+        mine.copy_from_slice(full);
         Ok(())
     }
 }
@@ -759,7 +838,8 @@ impl<R: Real> Gpt<R> {
     }
 
     /// Forward one microbatch through this part into `slot`: from the tokens if the part holds
-    /// the embedding, else from `input` [N, C]. Returns the mean loss if it holds the head.
+    /// the embedding, else from `input` [R, C] (R = N/tp rows under sequence parallelism, else
+    /// N). Returns the mean loss if it holds the head.
     pub fn forward_part(
         &mut self,
         slot: usize,
@@ -770,7 +850,7 @@ impl<R: Real> Gpt<R> {
     ) -> Result<Option<R>, CommError> {
         let d = Dims::new(&self.shape, &self.layout.part);
         let part = &self.layout.part;
-        let first = part.tp_rank == 0;
+        let (first, sp) = (part.tp_rank == 0, part.sp);
         let sl = &mut self.slots[slot];
         sl.tokens.clear();
         sl.tokens.extend_from_slice(tokens);
@@ -782,10 +862,10 @@ impl<R: Real> Gpt<R> {
         let pl = &self.layout;
         let a = &mut self.acts;
         if part.embed {
-            let out = &mut a[la.encoded.clone()];
+            let [full, out] = parts(a, [&la.enc_full, &la.encoded]);
             let wpe = first.then(|| &p[pl.wpe.clone()]);
-            encoder_forward(out, tokens, &p[pl.wte.clone()], d.vlo, wpe, t, d.c);
-            tp.all_reduce(out)?; // g: the vocabulary shards' partial embeddings
+            encoder_forward(full, tokens, &p[pl.wte.clone()], d.vlo, wpe, t, d.c);
+            seq_reduce(tp, sp, full, out)?; // g: the vocabulary shards' partial embeddings
         } else {
             a[la.encoded.clone()].copy_from_slice(input.expect("a part without the embedding gets its input"));
         }
@@ -800,6 +880,7 @@ impl<R: Real> Gpt<R> {
                 b,
                 t,
                 first,
+                sp,
                 tp,
             )?;
         }
@@ -807,12 +888,13 @@ impl<R: Real> Gpt<R> {
             return Ok(None);
         }
         let x = la.output();
-        let [lnf, mf, rf, logits, probs, losses, cmax, cstats, x] = parts(
+        let [lnf, mf, rf, lnf_full, logits, probs, losses, cmax, cstats, x] = parts(
             a,
             [
                 &la.lnf,
                 &la.lnf_mean,
                 &la.lnf_rstd,
+                &la.lnf_full,
                 &la.logits,
                 &la.probs,
                 &la.losses,
@@ -822,7 +904,8 @@ impl<R: Real> Gpt<R> {
             ],
         );
         layernorm_forward(lnf, mf, rf, x, &p[pl.lnfw.clone()], &p[pl.lnfb.clone()], d.c);
-        matmul_forward(logits, lnf, &p[pl.wte.clone()], None, d.c, d.vl); // f: identity forward
+        seq_gather(tp, sp, lnf, lnf_full)?; // f
+        matmul_forward(logits, lnf_full, &p[pl.wte.clone()], None, d.c, d.vl);
         crossentropy_max(cmax, logits, d.valid, d.vl);
         tp.max_stats(cmax)?;
         crossentropy_exp(probs, cstats, logits, cmax, targets, d.vlo, d.valid, d.vl);
@@ -832,13 +915,13 @@ impl<R: Real> Gpt<R> {
         Ok(Some(losses.iter().copied().sum::<R>() / n))
     }
 
-    /// The output [N, C] of the last forward into `slot` (what the next stage receives).
+    /// The output [R, C] of the last forward into `slot` (what the next stage receives).
     pub fn output(&self, slot: usize) -> &[R] {
         &self.acts[self.slots[slot].act.output()]
     }
 
     /// Backward of the forward in `slot`, accumulating `scale ×` the gradient of its mean loss
-    /// into `grads`: from the loss if the part holds the head, else from `dout` [N, C], the
+    /// into `grads`: from the loss if the part holds the head, else from `dout` [R, C], the
     /// gradient at its output. Afterwards [`Gpt::input_grad`] holds the gradient at its input.
     pub fn backward_part(
         &mut self,
@@ -849,29 +932,44 @@ impl<R: Real> Gpt<R> {
     ) -> Result<(), CommError> {
         let d = Dims::new(&self.shape, &self.layout.part);
         let part = self.layout.part.clone();
-        let first = part.tp_rank == 0;
+        let (first, sp) = (part.tp_rank == 0, part.sp);
         let sl = &self.slots[slot];
         let la = &sl.act;
         let (b, t) = (la.b, la.t);
         let p = &self.params;
         let pl = &self.layout;
         let g = &mut self.grads;
+        // sequence parallel: the norms' gradients before this microbatch (see the end)
+        let norms: Vec<Range<usize>> = pl
+            .blocks
+            .iter()
+            .flat_map(|b| [b.ln1w.start..b.ln1b.end, b.ln2w.start..b.ln2b.end])
+            .chain([pl.lnfw.start..pl.lnfb.end])
+            .filter(|r| sp && !r.is_empty())
+            .collect();
+        let norm_grads: Vec<Vec<R>> = norms.iter().map(|r| g[r.clone()].to_vec()).collect();
         let gl = self.grad_layout.as_ref().expect("prepared");
         let dd = &mut self.dacts;
         let c = d.c;
         let mut cur = 0;
         dd[gl.dres[cur].clone()].iter_mut().for_each(|x| *x = R::zero());
         if part.head {
+            {
+                // the head's GEMM input again (sequence parallel: gathered again)
+                let [lnf, lnf_full] = parts(&mut self.acts, [&la.lnf, &la.lnf_full]);
+                seq_gather(tp, sp, lnf, lnf_full)?;
+            }
             let a = &self.acts;
-            dd[gl.dlogits.clone()].iter_mut().for_each(|x| *x = R::zero());
-            dd[gl.dlnf.clone()].iter_mut().for_each(|x| *x = R::zero());
+            dd[gl.dlogits.start..gl.dlnf.end]
+                .iter_mut()
+                .for_each(|x| *x = R::zero());
             let dloss = scale / R::of((b * t) as f64);
-            let [dlogits, dlnf, dx] = parts(dd, [&gl.dlogits, &gl.dlnf, &gl.dres[cur]]);
+            let [dlogits, dlnf_full, dlnf, dx] = parts(dd, [&gl.dlogits, &gl.dlnf_full, &gl.dlnf, &gl.dres[cur]]);
             crossentropy_backward(dlogits, &a[la.probs.clone()], &sl.targets, d.vlo, dloss, d.valid, d.vl);
             let [dwte, dlnfw, dlnfb] = parts(g, [&pl.wte, &pl.lnfw, &pl.lnfb]);
-            let (lnf, wte) = (&a[la.lnf.clone()], &p[pl.wte.clone()]);
-            matmul_backward(dlnf, dwte, None, dlogits, lnf, wte, c, d.vl);
-            tp.all_reduce(dlnf)?; // f: the head's input gradient
+            let (lnf_full, wte) = (&a[la.lnf_full.clone()], &p[pl.wte.clone()]);
+            matmul_backward(dlnf_full, dwte, None, dlogits, lnf_full, wte, c, d.vl);
+            seq_reduce(tp, sp, dlnf_full, dlnf)?; // f's backward: the head's input gradient
             let (mean, rstd) = (&a[la.lnf_mean.clone()], &a[la.lnf_rstd.clone()]);
             let x = &a[la.output()];
             layernorm_backward(dx, dlnfw, dlnfb, dlnf, x, &p[pl.lnfw.clone()], mean, rstd, c);
@@ -882,7 +980,7 @@ impl<R: Real> Gpt<R> {
             let (bp, ba) = (&pl.blocks[l], &la.blocks[l]);
             let input = la.block_input(l);
             match part.recompute {
-                Recompute::Full => block_forward(p, bp, &mut self.acts, ba, &input, &d, b, t, first, tp)?,
+                Recompute::Full => block_forward(p, bp, &mut self.acts, ba, &input, &d, b, t, first, sp, tp)?,
                 Recompute::Selective => {
                     // the attention core again, into its scratch (atty is rewritten with the same values)
                     let [atty, att, qkv] = parts(&mut self.acts, [&ba.atty, &ba.att, &ba.qkv]);
@@ -890,26 +988,38 @@ impl<R: Real> Gpt<R> {
                 }
                 Recompute::None => {}
             }
+            {
+                // the column-parallel GEMMs' inputs again (sequence parallel: gathered again)
+                let [ln1, ln1_full, ln2, ln2_full] =
+                    parts(&mut self.acts, [&ba.ln1, &ba.ln1_full, &ba.ln2, &ba.ln2_full]);
+                seq_gather(tp, sp, ln2, ln2_full)?;
+                seq_gather(tp, sp, ln1, ln1_full)?;
+            }
             let a = &self.acts;
             // this block's scratch and the input gradient start from zero (kernels accumulate)
             dd[gl.block_scratch()].iter_mut().for_each(|x| *x = R::zero());
             dd[gl.dres[1 - cur].clone()].iter_mut().for_each(|x| *x = R::zero());
-            let [dln1, dqkv, datty, dattproj, dres2, dln2, dfch, dfchg, dfcproj, dres3, dx] = parts(
-                dd,
-                [
-                    &gl.dln1,
-                    &gl.dqkv,
-                    &gl.datty,
-                    &gl.dattproj,
-                    &gl.dres2,
-                    &gl.dln2,
-                    &gl.dfch,
-                    &gl.dfchg,
-                    &gl.dfcproj,
-                    &gl.dres[cur],
-                    &gl.dres[1 - cur],
-                ],
-            );
+            let [dln1_full, dln1, dqkv, datty, dattproj_full, dattproj, dres2, dln2_full, dln2, dfch, dfchg, dfcproj_full, dfcproj, dres3, dx] =
+                parts(
+                    dd,
+                    [
+                        &gl.dln1_full,
+                        &gl.dln1,
+                        &gl.dqkv,
+                        &gl.datty,
+                        &gl.dattproj_full,
+                        &gl.dattproj,
+                        &gl.dres2,
+                        &gl.dln2_full,
+                        &gl.dln2,
+                        &gl.dfch,
+                        &gl.dfchg,
+                        &gl.dfcproj_full,
+                        &gl.dfcproj,
+                        &gl.dres[cur],
+                        &gl.dres[1 - cur],
+                    ],
+                );
             let [dln1w, dln1b, dqkvw, dqkvb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] = parts(
                 g,
                 [
@@ -930,44 +1040,51 @@ impl<R: Real> Gpt<R> {
             let w = |r: &Range<usize>| &p[r.clone()];
             let x = |r: &Range<usize>| &a[r.clone()];
             residual_backward(dres2, dfcproj, dres3);
-            // g's backward is the identity: dfcproj is whole on every rank
-            matmul_backward(
-                dfchg,
-                dfcprojw,
-                Some(dfcprojb),
-                dfcproj,
-                x(&ba.fch_gelu),
-                w(&bp.fcprojw),
-                d.f,
-                c,
-            );
+            seq_gather(tp, sp, dfcproj, dfcproj_full)?; // g's backward
+            let (fchg, fcprojw) = (x(&ba.fch_gelu), w(&bp.fcprojw));
+            matmul_backward(dfchg, dfcprojw, Some(dfcprojb), dfcproj_full, fchg, fcprojw, d.f, c);
             gelu_backward(dfch, x(&ba.fch), dfchg);
-            matmul_backward(dln2, dfcw, Some(dfcb), dfch, x(&ba.ln2), w(&bp.fcw), c, d.f);
-            tp.all_reduce(dln2)?; // f
+            matmul_backward(dln2_full, dfcw, Some(dfcb), dfch, x(&ba.ln2_full), w(&bp.fcw), c, d.f);
+            seq_reduce(tp, sp, dln2_full, dln2)?; // f's backward
             let (m2, r2) = (x(&ba.ln2_mean), x(&ba.ln2_rstd));
             layernorm_backward(dres2, dln2w, dln2b, dln2, x(&ba.res2), w(&bp.ln2w), m2, r2, c);
             residual_backward(dx, dattproj, dres2);
-            matmul_backward(
-                datty,
-                dprojw,
-                Some(dprojb),
-                dattproj,
-                x(&ba.atty),
-                w(&bp.projw),
-                d.cl,
-                c,
-            );
+            seq_gather(tp, sp, dattproj, dattproj_full)?; // g's backward
+            let (atty, projw) = (x(&ba.atty), w(&bp.projw));
+            matmul_backward(datty, dprojw, Some(dprojb), dattproj_full, atty, projw, d.cl, c);
             attention_backward(dqkv, datty, x(&ba.qkv), x(&ba.att), b, t, d.cl, d.nh);
-            matmul_backward(dln1, dqkvw, Some(dqkvb), dqkv, x(&ba.ln1), w(&bp.qkvw), c, 3 * d.cl);
-            tp.all_reduce(dln1)?; // f
+            matmul_backward(
+                dln1_full,
+                dqkvw,
+                Some(dqkvb),
+                dqkv,
+                x(&ba.ln1_full),
+                w(&bp.qkvw),
+                c,
+                3 * d.cl,
+            );
+            seq_reduce(tp, sp, dln1_full, dln1)?; // f's backward
             let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
             layernorm_backward(dx, dln1w, dln1b, dln1, x(&input), w(&bp.ln1w), m1, r1, c);
             cur = 1 - cur;
         }
         if part.embed {
             let [dwte, dwpe] = parts(g, [&pl.wte, &pl.wpe]);
-            // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
-            encoder_backward(dwte, d.vlo, Some(dwpe), &dd[gl.dres[cur].clone()], &sl.tokens, t, c);
+            let [dres, dfull] = parts(dd, [&gl.dres[cur], &gl.denc_full]);
+            seq_gather(tp, sp, dres, dfull)?; // g's backward
+                                              // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
+            encoder_backward(dwte, d.vlo, Some(dwpe), dfull, &sl.tokens, t, c);
+        }
+        if sp {
+            // the norms saw only this rank's rows: sum this microbatch's share of their
+            // gradients over the group (what was accumulated before stays as it is)
+            for (r, before) in norms.iter().zip(&norm_grads) {
+                let mut delta: Vec<R> = g[r.clone()].iter().zip(before).map(|(x, y)| *x - *y).collect();
+                tp.sum_stats(&mut delta)?;
+                for ((x, y), dl) in g[r.clone()].iter_mut().zip(before).zip(&delta) {
+                    *x = *y + *dl;
+                }
+            }
         }
         self.dinput = cur;
         Ok(())
@@ -991,7 +1108,7 @@ impl<R: Real> Gpt<R> {
 
 /// One block's forward over a (B, T) microbatch, reading `input` and writing the block's
 /// activations; a row-parallel layer's bias is added by tp rank 0 (`first`) only, before the
-/// all-reduce sums the partial products.
+/// reduction sums the partial products.
 #[allow(clippy::too_many_arguments)]
 fn block_forward<R: Real>(
     p: &[R],
@@ -1003,43 +1120,51 @@ fn block_forward<R: Real>(
     b: usize,
     t: usize,
     first: bool,
+    sp: bool,
     tp: &dyn TpGroup<R>,
 ) -> Result<(), CommError> {
-    let [ln1, m1, r1, qkv, att, atty, attproj, res2, ln2, m2, r2, fch, fchg, fcproj, res3, x] = parts(
-        a,
-        [
-            &ba.ln1,
-            &ba.ln1_mean,
-            &ba.ln1_rstd,
-            &ba.qkv,
-            &ba.att,
-            &ba.atty,
-            &ba.attproj,
-            &ba.res2,
-            &ba.ln2,
-            &ba.ln2_mean,
-            &ba.ln2_rstd,
-            &ba.fch,
-            &ba.fch_gelu,
-            &ba.fcproj,
-            &ba.res3,
-            input,
-        ],
-    );
+    let [ln1, m1, r1, ln1f, qkv, att, atty, apf, attproj, res2, ln2, m2, r2, ln2f, fch, fchg, fpf, fcproj, res3, x] =
+        parts(
+            a,
+            [
+                &ba.ln1,
+                &ba.ln1_mean,
+                &ba.ln1_rstd,
+                &ba.ln1_full,
+                &ba.qkv,
+                &ba.att,
+                &ba.atty,
+                &ba.attproj_full,
+                &ba.attproj,
+                &ba.res2,
+                &ba.ln2,
+                &ba.ln2_mean,
+                &ba.ln2_rstd,
+                &ba.ln2_full,
+                &ba.fch,
+                &ba.fch_gelu,
+                &ba.fcproj_full,
+                &ba.fcproj,
+                &ba.res3,
+                input,
+            ],
+        );
     let w = |r: &Range<usize>| &p[r.clone()];
     let bias = |r: &Range<usize>| first.then(|| &p[r.clone()]);
     let c = d.c;
     layernorm_forward(ln1, m1, r1, x, w(&bp.ln1w), w(&bp.ln1b), c);
-    matmul_forward(qkv, ln1, w(&bp.qkvw), Some(w(&bp.qkvb)), c, 3 * d.cl); // f: identity forward
+    seq_gather(tp, sp, ln1, ln1f)?; // f
+    matmul_forward(qkv, ln1f, w(&bp.qkvw), Some(w(&bp.qkvb)), c, 3 * d.cl);
     attention_forward(atty, att, qkv, b, t, d.cl, d.nh);
-    matmul_forward(attproj, atty, w(&bp.projw), bias(&bp.projb), d.cl, c);
-    tp.all_reduce(attproj)?; // g
+    matmul_forward(apf, atty, w(&bp.projw), bias(&bp.projb), d.cl, c);
+    seq_reduce(tp, sp, apf, attproj)?; // g
     residual_forward(res2, x, attproj);
     layernorm_forward(ln2, m2, r2, res2, w(&bp.ln2w), w(&bp.ln2b), c);
-    matmul_forward(fch, ln2, w(&bp.fcw), Some(w(&bp.fcb)), c, d.f); // f: identity forward
+    seq_gather(tp, sp, ln2, ln2f)?; // f
+    matmul_forward(fch, ln2f, w(&bp.fcw), Some(w(&bp.fcb)), c, d.f);
     gelu_forward(fchg, fch);
-    matmul_forward(fcproj, fchg, w(&bp.fcprojw), bias(&bp.fcprojb), d.f, c);
-    tp.all_reduce(fcproj)?; // g
+    matmul_forward(fpf, fchg, w(&bp.fcprojw), bias(&bp.fcprojb), d.f, c);
+    seq_reduce(tp, sp, fpf, fcproj)?; // g
     residual_forward(res3, res2, fcproj);
     Ok(())
 }

@@ -212,6 +212,12 @@ impl TpGroup<f32> for TpComm<'_> {
         }
         Ok(())
     }
+    fn all_gather(&self, mine: &[f32], full: &mut [f32]) -> Result<(), CommError> {
+        self.act.all_gather(mine, full)
+    }
+    fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError> {
+        self.act.reduce_scatter(full, mine)
+    }
     fn max_stats(&self, buf: &mut [f32]) -> Result<(), CommError> {
         let n = self.size();
         if n > 1 {
@@ -400,11 +406,6 @@ pub fn check(spec: &ModelSpec, cfg: &TrainConfig, pc: &ParallelConfig, world_siz
             pc.zero
         )));
     }
-    if pc.sequence_parallel {
-        return Err(SpecError::new(
-            "--sequence-parallel: the trainer does not implement sequence parallelism yet (the planner models it)",
-        ));
-    }
     let shape = GptShape::from_spec(spec)?;
     let mut part = Part::whole(&shape);
     part.tp = pc.tp as usize;
@@ -475,6 +476,7 @@ fn run(
                 head: stage == stages - 1,
                 tp: pc.tp as usize,
                 tp_rank: tp_i,
+                sp: pc.sequence_parallel,
                 recompute: pc.recompute,
             };
             let mut model = Gpt::<f32>::new_part(shape, &part, cfg.seed);
@@ -558,9 +560,13 @@ fn run(
     let (mut tokens, mut targets) = (Vec::new(), Vec::new());
     // Megatron's scatter-gather: each tp rank sends its 1/tp slice of the activations across
     // stages, the receiving stage all-gathers them over its tp group.
-    let tp = pc.tp as usize;
+    // Under sequence parallelism the boundary tensor already is this rank's rows: sent as is.
+    let (tp, sp) = (pc.tp as usize, pc.sequence_parallel);
+    let n_act = if sp { n_act / tp } else { n_act };
     let mut buf = vec![0.0f32; n_act];
-    let mut part_buf = vec![0.0f32; n_act / tp];
+    let mut part_buf = vec![0.0f32; if sp { n_act } else { n_act / tp }];
+    let slice_n = if sp { 1 } else { tp };
+    let gather_n = (slice_n > 1).then_some(&gather);
     let (mut losses, mut grad_norms, mut step_seconds) = (Vec::new(), Vec::new(), Vec::new());
     let mut sums: Vec<(Times, CommBytes)> = Vec::new();
     for step in first_step..cfg.steps {
@@ -596,7 +602,7 @@ fn run(
                         &mut targets,
                     );
                     let input = if s > 0 {
-                        recv_activation(&pp_recv, &gather, prev, 2 * s as u32, &mut part_buf, &mut buf)
+                        recv_activation(&pp_recv, gather_n, prev, 2 * s as u32, &mut part_buf, &mut buf)
                             .map_err(comm_err)?;
                         Some(&buf[..])
                     } else {
@@ -616,14 +622,14 @@ fn run(
                     if s + 1 < stages {
                         let out = ch.model.output(slot);
                         pp_send
-                            .send(next, 2 * (s + 1) as u32, slice_of(out, tp, tp_i))
+                            .send(next, 2 * (s + 1) as u32, slice_of(out, slice_n, tp_i % slice_n))
                             .map_err(comm_err)?;
                     }
                 }
                 Pass::Backward => {
                     let slot = slot_of.remove(&(st.microbatch, st.chunk)).expect("forward ran first");
                     let dout = if s + 1 < stages {
-                        recv_activation(&pp_recv, &gather, next, 2 * s as u32 + 1, &mut part_buf, &mut buf)
+                        recv_activation(&pp_recv, gather_n, next, 2 * s as u32 + 1, &mut part_buf, &mut buf)
                             .map_err(comm_err)?;
                         Some(&buf[..])
                     } else {
@@ -636,7 +642,7 @@ fn run(
                     if s > 0 {
                         let din = ch.model.input_grad();
                         pp_send
-                            .send(prev, 2 * (s - 1) as u32 + 1, slice_of(din, tp, tp_i))
+                            .send(prev, 2 * (s - 1) as u32 + 1, slice_of(din, slice_n, tp_i % slice_n))
                             .map_err(comm_err)?;
                     }
                     if zero == 2 {
@@ -848,21 +854,23 @@ fn slice_of(x: &[f32], n: usize, i: usize) -> &[f32] {
     &x[i * k..(i + 1) * k]
 }
 
-/// Receive one activation (or gradient) tensor that arrives in 1/tp slices, one per tp rank of
-/// the sending stage, and all-gather the slices over this stage's tp group.
+/// Receive one activation (or gradient) tensor: whole, or (given the tp group to gather over)
+/// in 1/tp slices, one from each tp rank of the sending stage, all-gathered here.
 fn recv_activation(
     recv: &Metered,
-    gather: &Metered,
+    gather: Option<&Metered>,
     from: usize,
     tag: u32,
     slice: &mut [f32],
     whole: &mut [f32],
 ) -> Result<(), CommError> {
-    if gather.size() == 1 {
-        return recv.recv(from, tag, whole);
+    match gather {
+        None => recv.recv(from, tag, whole),
+        Some(g) => {
+            recv.recv(from, tag, slice)?;
+            g.all_gather(slice, whole)
+        }
     }
-    recv.recv(from, tag, slice)?;
-    gather.all_gather(slice, whole)
 }
 
 /// Reduce-scatter each region of the chunk's gradients over the data-parallel group and add
@@ -941,7 +949,7 @@ pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, Parallel
 /// The grid dimension sizes of a layout, for messages.
 pub fn describe(pc: &ParallelConfig) -> String {
     format!(
-        "tp {} × pp {} × dp {} (order {}), micro-batch {}, global batch {}, ZeRO-{}, recompute {}{}",
+        "tp {} × pp {} × dp {} (order {}), micro-batch {}, global batch {}, ZeRO-{}, recompute {}{}{}",
         pc.size(Dim::Tp),
         pc.size(Dim::Pp),
         pc.size(Dim::Dp),
@@ -950,6 +958,11 @@ pub fn describe(pc: &ParallelConfig) -> String {
         pc.global_batch,
         pc.zero,
         pc.recompute.as_str(),
+        if pc.sequence_parallel {
+            ", sequence parallel"
+        } else {
+            ""
+        },
         if pc.virtual_stages > 1 {
             format!(", {} virtual stages", pc.virtual_stages)
         } else {

@@ -1,6 +1,6 @@
 //! 3D parallelism over in-process ranks trains what one process trains: for every
 //! factorization of 8 ranks into (tp, pp, dp), and with ZeRO 0/1/2, recompute none/selective/
-//! full, GPipe, 1F1B and interleaved schedules, the first 5 losses match the single-process run
+//! full, sequence parallel on and off, GPipe, 1F1B and interleaved schedules, the first 5 losses match the single-process run
 //! within 1e-5 relative and the final parameters within 1e-4; the bytes moved match the
 //! planner's; a failing rank stops the job with its message.
 
@@ -213,6 +213,43 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
             Schedule::OneFOneB,
         ),
         (
+            "tp2 pp2 dp2 SP ZeRO-1",
+            ParallelConfig {
+                zero: 1,
+                sequence_parallel: true,
+                ..layout(2, 2, 2, 1, 16)
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "tp4 pp2 SP full",
+            ParallelConfig {
+                sequence_parallel: true,
+                recompute: Recompute::Full,
+                ..layout(4, 2, 1, 1, 16)
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "tp2 pp2 dp2 SP interleaved selective ZeRO-2",
+            ParallelConfig {
+                zero: 2,
+                sequence_parallel: true,
+                virtual_stages: 2,
+                recompute: Recompute::Selective,
+                ..layout(2, 2, 2, 1, 16)
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "tp8 SP GPipe",
+            ParallelConfig {
+                sequence_parallel: true,
+                ..layout(8, 1, 1, 1, 16)
+            },
+            Schedule::GPipe,
+        ),
+        (
             "dp8 ZeRO-2 full",
             ParallelConfig {
                 zero: 2,
@@ -254,6 +291,16 @@ fn bytes_moved_and_held_match_the_planner() {
         ParallelConfig {
             recompute: Recompute::Selective,
             ..layout(4, 2, 1, 2, 8)
+        },
+        ParallelConfig {
+            sequence_parallel: true,
+            zero: 1,
+            ..layout(2, 2, 2, 1, 16)
+        },
+        ParallelConfig {
+            sequence_parallel: true,
+            recompute: Recompute::Full,
+            ..layout(4, 1, 2, 2, 16)
         },
     ];
     for pc in cases {
