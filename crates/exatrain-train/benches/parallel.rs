@@ -44,6 +44,16 @@ fn main() {
             virtual_stages: 3,
             ..l(1, 2, 1, 2)
         },
+        ParallelConfig {
+            sequence_parallel: true,
+            ..l(2, 2, 1, 2)
+        },
+        ParallelConfig {
+            sequence_parallel: true,
+            zero: 1,
+            recompute: Recompute::Selective,
+            ..l(2, 1, 2, 4)
+        },
     ];
     println!(
         "| layout | tokens/s | TP bytes meas/plan | PP bytes meas/plan | DP bytes meas/plan | weights | grads | optimizer | activations |"
