@@ -2,6 +2,7 @@
 
 mod args;
 mod calibrate_cmd;
+mod fidelity_cmd;
 mod plan_cmd;
 mod study_cmd;
 mod table;
@@ -40,6 +41,8 @@ enum Command {
     ExportHf(train_cmd::ExportHfArgs),
     /// Measure this machine (GEMM curve, memory bandwidth) and write it as a cluster TOML.
     Calibrate(calibrate_cmd::CalibrateArgs),
+    /// Predicted vs measured, term by term, for trainer runs' --report files (HTML with --out).
+    Fidelity(fidelity_cmd::FidelityArgs),
 }
 
 fn main() {
@@ -67,6 +70,7 @@ fn main() {
         Command::Sample(a) => train_cmd::run_sample(a),
         Command::ExportHf(a) => train_cmd::run_export_hf(a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
+        Command::Fidelity(a) => fidelity_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

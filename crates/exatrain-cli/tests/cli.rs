@@ -378,3 +378,81 @@ fn calibrate_writes_a_cluster_that_plan_reads() {
     assert_eq!(v["cluster"], "local");
     assert!(v["step_time_s"].as_f64().unwrap() > 0.0 && v["fits"] == true);
 }
+
+#[test]
+fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() {
+    let dir = std::env::temp_dir().join(format!("exatrain-fidelity-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let reports = dir.join("reports");
+    std::fs::create_dir_all(&reports).unwrap();
+    let model = dir.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let (m, out) = (model.to_str().unwrap(), dir.join("run"));
+    for (name, ranks, extra) in [
+        ("a", "2", vec!["--tp", "2"]),
+        ("b", "4", vec!["--tp", "2", "--pp", "2", "--zero", "1"]),
+    ] {
+        let rep = reports.join(format!("{name}.json"));
+        let mut args = vec![
+            "train",
+            "--model",
+            m,
+            "--steps",
+            "2",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "4",
+            "--ranks",
+            ranks,
+            "--ckpt-every",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+            "--report",
+            rep.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = exatrain(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // a copy of run b whose planner "predicted" twice the compute time it measured
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reports.join("b.json")).unwrap()).unwrap();
+    let measured = c["measured"]["time_s"]["compute"].as_f64().unwrap();
+    c["planned"]["time_s"]["compute"] = serde_json::json!(2.0 * measured);
+    std::fs::write(reports.join("c.json"), c.to_string()).unwrap();
+    let page = dir.join("fidelity.html");
+    let v = json(&[
+        "fidelity",
+        "--runs",
+        reports.to_str().unwrap(),
+        "--json",
+        "--out",
+        page.to_str().unwrap(),
+    ]);
+    let rows = v["rows"].as_array().unwrap();
+    let row = |run: &str, term: &str| rows.iter().find(|r| r["run"] == run && r["term"] == term);
+    for run in ["a", "b", "c"] {
+        for term in ["bytes.tp", "memory.weights", "memory.grads", "memory.optimizer"] {
+            let r = row(run, term).unwrap_or_else(|| panic!("{run} {term}"));
+            assert_eq!(r["rel_error"].as_f64().unwrap(), 0.0, "{run} {term}: {r}");
+            assert_eq!(r["flagged"], false);
+        }
+    }
+    assert_eq!(row("b", "bytes.pp").unwrap()["rel_error"].as_f64().unwrap(), 0.0);
+    let injected = row("c", "time.compute").unwrap();
+    assert!((injected["rel_error"].as_f64().unwrap() - 1.0).abs() < 1e-9 && injected["flagged"] == true);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<svg") && html.contains("id=\"fidelity\""));
+    // not a report: a clear error naming the file and the missing field
+    std::fs::write(reports.join("d.json"), "{\"measured\": {}}").unwrap();
+    let o = exatrain(&["fidelity", "--runs", reports.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("d: no number at /measured/memory_bytes/weights"), "{err}");
+}

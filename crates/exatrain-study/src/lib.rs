@@ -5,6 +5,7 @@
 //! [`study`] is pure (no IO); the report and the files are written at the CLI's edge.
 
 pub mod export;
+pub mod fidelity;
 pub mod report;
 pub mod ttt;
 
