@@ -20,8 +20,9 @@ pub struct Memory {
     pub total: f64,
 }
 
-/// One optimizer step, by term, in seconds; the terms add up to `step_time_s`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+/// One optimizer step, by term, in seconds; the terms add up to `step_time_s`. The trainer
+/// measures the same terms into the same type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Times {
     /// Forward, backward and recomputation of the slowest pipeline stage, all microbatches.
     pub compute: f64,

@@ -18,6 +18,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::time::Instant;
 
+use exatrain_cost::Times;
 use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
@@ -94,23 +95,6 @@ pub struct Options<'a> {
     pub on_step: Option<&'a (dyn Fn(&StepLine) + Sync)>,
 }
 
-/// Seconds per step in each term, with the planner's `time_s` names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Times {
-    /// forward and backward kernels (recomputation included), communication excluded
-    pub compute: f64,
-    /// tensor-parallel all-reduces
-    pub tp_comm: f64,
-    /// pipeline sends and the all-gather of the received slices
-    pub pp_comm: f64,
-    /// data-parallel gradient/parameter collectives and the tied embedding's all-reduce
-    pub dp_comm: f64,
-    /// waiting for a neighbouring stage (receives)
-    pub bubble: f64,
-    /// global norm, clipping and AdamW
-    pub optimizer: f64,
-}
-
 /// Bytes one rank sends per step in each collective kind (ring count, as the planner's
 /// `comm_bytes`: an all-reduce of M bytes over n ranks sends 2(n−1)/n·M).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -147,6 +131,11 @@ pub struct RankReport {
     pub pp: u32,
     /// mean over the steps after the first (all steps if only one)
     pub step_s: f64,
+    /// the planner's terms as measured: compute = forward and backward kernels (recomputation
+    /// included, communication excluded); tp_comm = tensor-parallel collectives; pp_comm =
+    /// pipeline sends and the all-gather of received slices; dp_comm = data-parallel
+    /// collectives and the tied embedding's all-reduce; bubble = waiting in pipeline receives;
+    /// optimizer = global norm, clipping and AdamW
     pub time_s: Times,
     pub comm_bytes: CommBytes,
     pub memory_bytes: MemoryBytes,
