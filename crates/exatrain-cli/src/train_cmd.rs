@@ -98,6 +98,13 @@ pub struct TrainArgs {
     /// Rank order, innermost first (a permutation of tp, dp, pp).
     #[arg(long, default_value = "tp-dp-pp")]
     pub order: String,
+    /// Reduce data-parallel gradients after backward instead of bucket by bucket during it.
+    #[arg(long)]
+    pub no_overlap_dp: bool,
+    /// Data-parallel gradient bucket size in MB (fp32), cut at block boundaries (PyTorch DDP's
+    /// default 25); 0: one bucket per model chunk besides the embedding.
+    #[arg(long, default_value_t = 25.0)]
+    pub bucket_mb: f64,
     /// Cluster whose planner prediction --report puts beside the measurement (bytes do not
     /// depend on it; for times pass the file `exatrain calibrate --out` wrote).
     #[arg(long, default_value = "frontier")]
@@ -187,7 +194,7 @@ fn layout(a: &TrainArgs, world: usize) -> Result<ParallelConfig, SpecError> {
         virtual_stages: a.virtual_stages,
         flash_attention: false,
         dtype: Dtype::Fp32,
-        overlap_dp: false,
+        overlap_dp: !a.no_overlap_dp,
         order: a.order.parse::<RankOrder>()?,
     })
 }
@@ -218,12 +225,23 @@ fn report_json(
     }))
 }
 
+/// `--bucket-mb` as fp32 elements.
+fn bucket_elems(mb: f64) -> Result<usize, SpecError> {
+    if !(mb.is_finite() && mb >= 0.0) {
+        return Err(SpecError::new(format!(
+            "--bucket-mb {mb}: must be a size in MB ≥ 0 (0: one bucket per chunk)"
+        )));
+    }
+    Ok((mb * 1e6 / 4.0) as usize)
+}
+
 /// Everything a parallel job's ranks share: the run, the layout, where it starts.
 struct Job {
     spec: ModelSpec,
     cfg: TrainConfig,
     pc: ParallelConfig,
     schedule: Schedule,
+    bucket_elems: usize,
     data: PathBuf,
     start: Option<Start>,
     out: PathBuf,
@@ -273,6 +291,7 @@ fn job(a: &TrainArgs, world: usize, prepare_data: bool) -> Result<Job, SpecError
         cfg,
         pc,
         schedule,
+        bucket_elems: bucket_elems(a.bucket_mb)?,
         data,
         start,
         out,
@@ -316,6 +335,7 @@ fn run_rank(j: &Job, world: &dyn Communicator) -> Result<RankResult, SpecError> 
     };
     let opts = Options {
         schedule: j.schedule,
+        bucket_elems: j.bucket_elems,
         start: j.start.clone(),
         on_checkpoint: Some(&save),
         on_step: Some(&print),

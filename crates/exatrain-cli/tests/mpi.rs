@@ -63,11 +63,27 @@ fn mpi_layouts_train_what_one_process_trains() {
             .unwrap(),
     );
     assert_eq!(single.len(), 3);
-    let layouts: [(usize, &[&str]); 5] = [
+    // --bucket-mb 0.001: a gradient bucket per block, reduced (MPI_Iallreduce /
+    // MPI_Ireduce_scatter_block) while backward goes on
+    let layouts: [(usize, &[&str]); 7] = [
         (2, &["--zero", "0"]),
+        (2, &["--zero", "0", "--bucket-mb", "0.001"]),
+        (2, &["--zero", "0", "--no-overlap-dp"]),
         (4, &["--tp", "2", "--pp", "2"]),
         (4, &["--tp", "2", "--dp", "2", "--sequence-parallel", "--zero", "1"]),
-        (4, &["--pp", "2", "--zero", "2", "--recompute", "full"]),
+        (
+            4,
+            &[
+                "--pp",
+                "2",
+                "--zero",
+                "2",
+                "--recompute",
+                "full",
+                "--bucket-mb",
+                "0.001",
+            ],
+        ),
         (4, &["--tp", "2", "--zero", "1", "--recompute", "selective"]),
     ];
     for (n, flags) in layouts {

@@ -46,7 +46,68 @@ pub trait Communicator {
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Communicator>, CommError>;
     /// Fail every pending and future collective of the group with `why`.
     fn abort(&self, why: &str);
+
+    /// Start an all-reduce of `buf` and return at once; [`Started::wait`] gives the sum.
+    /// Collectives started on a group complete in the order they were started, on every rank;
+    /// do not call the group's blocking collectives while started ones are pending.
+    /// The default runs it now (correct, with nothing to overlap).
+    fn start_all_reduce(&self, mut buf: Vec<f32>) -> Result<Started, CommError> {
+        self.all_reduce(&mut buf)?;
+        Ok(Started::done(buf))
+    }
+
+    /// Start a reduce-scatter of `full` (size equal chunks); [`Started::wait`] gives this
+    /// rank's summed chunk. Ordering as for [`Communicator::start_all_reduce`].
+    fn start_reduce_scatter(&self, full: Vec<f32>) -> Result<Started, CommError> {
+        let mut mine = vec![0.0f32; full.len() / self.size().max(1)];
+        self.reduce_scatter(&full, &mut mine)?;
+        Ok(Started::done(mine))
+    }
 }
+
+/// Completes a collective that an implementation started (e.g. an MPI request).
+pub trait Finish {
+    fn finish(self: Box<Self>) -> Result<Vec<f32>, CommError>;
+}
+
+/// A collective in flight; `wait` blocks until it is done and gives its result.
+#[must_use = "a started collective must be waited on"]
+pub struct Started(Inner);
+
+enum Inner {
+    Done(Vec<f32>),
+    Reply(Receiver<Result<Vec<f32>, CommError>>),
+    Other(Box<dyn Finish>),
+}
+
+impl Started {
+    /// One that already completed.
+    pub fn done(result: Vec<f32>) -> Started {
+        Started(Inner::Done(result))
+    }
+
+    /// One that `f` completes.
+    pub fn with(f: Box<dyn Finish>) -> Started {
+        Started(Inner::Other(f))
+    }
+
+    pub fn wait(self) -> Result<Vec<f32>, CommError> {
+        match self.0 {
+            Inner::Done(v) => Ok(v),
+            Inner::Reply(rx) => rx
+                .recv()
+                .unwrap_or_else(|_| Err(CommError("a started collective's worker thread died".into()))),
+            Inner::Other(f) => f.finish(),
+        }
+    }
+}
+
+/// A collective for an in-process rank's worker thread, and where its result goes.
+enum Job {
+    AllReduce(Vec<f32>),
+    ReduceScatter(Vec<f32>),
+}
+type Work = (Job, Sender<Result<Vec<f32>, CommError>>);
 
 type Contributions = Arc<Vec<Vec<f32>>>;
 
@@ -137,15 +198,52 @@ impl Hub {
 pub struct InProcess {
     rank: usize,
     hub: Arc<Hub>,
+    /// the thread that runs this rank's started collectives, made on the first one
+    worker: std::cell::OnceCell<Sender<Work>>,
 }
 
 /// A group of `n` in-process ranks, one per thread; collectives give up after `timeout`.
 pub fn in_process(n: usize, timeout: Duration) -> Vec<InProcess> {
     let hub = Hub::new(n, timeout, None);
-    (0..n).map(|rank| InProcess { rank, hub: hub.clone() }).collect()
+    (0..n).map(|rank| InProcess::new(rank, hub.clone())).collect()
 }
 
 impl InProcess {
+    fn new(rank: usize, hub: Arc<Hub>) -> InProcess {
+        InProcess {
+            rank,
+            hub,
+            worker: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Hand `job` to this rank's worker thread: it runs the collectives in the order given,
+    /// on the same group, while this thread goes on.
+    fn start(&self, job: Job) -> Result<Started, CommError> {
+        let worker = self.worker.get_or_init(|| {
+            let (tx, rx) = channel::<Work>();
+            let me = InProcess::new(self.rank, self.hub.clone());
+            std::thread::spawn(move || {
+                for (job, reply) in rx {
+                    let r = match job {
+                        Job::AllReduce(mut buf) => me.all_reduce(&mut buf).map(|_| buf),
+                        Job::ReduceScatter(full) => {
+                            let mut mine = vec![0.0f32; full.len() / me.hub.n];
+                            me.reduce_scatter(&full, &mut mine).map(|_| mine)
+                        }
+                    };
+                    let _ = reply.send(r);
+                }
+            });
+            tx
+        });
+        let (tx, rx) = channel();
+        worker
+            .send((job, tx))
+            .map_err(|_| CommError(format!("rank {}: the collective worker thread is gone", self.rank)))?;
+        Ok(Started(Inner::Reply(rx)))
+    }
+
     fn wait<'a>(
         &self,
         mut st: std::sync::MutexGuard<'a, State>,
@@ -328,7 +426,7 @@ impl Communicator for InProcess {
             .entry((round, color))
             .or_insert_with(|| Hub::new(members.len(), self.hub.timeout, Some(self.hub.clone())))
             .clone();
-        Ok(Box::new(InProcess { rank: new_rank, hub }))
+        Ok(Box::new(InProcess::new(new_rank, hub)))
     }
 
     fn abort(&self, why: &str) {
@@ -339,6 +437,14 @@ impl Communicator for InProcess {
             }
             hub.cv.notify_all();
         }
+    }
+
+    fn start_all_reduce(&self, buf: Vec<f32>) -> Result<Started, CommError> {
+        self.start(Job::AllReduce(buf))
+    }
+
+    fn start_reduce_scatter(&self, full: Vec<f32>) -> Result<Started, CommError> {
+        self.start(Job::ReduceScatter(full))
     }
 }
 
@@ -422,5 +528,24 @@ impl Communicator for Metered<'_> {
     }
     fn abort(&self, why: &str) {
         self.inner.abort(why)
+    }
+    fn start_all_reduce(&self, buf: Vec<f32>) -> Result<Started, CommError> {
+        self.record(2.0 * self.ring(buf.len()), || self.inner.start_all_reduce(buf))
+    }
+    fn start_reduce_scatter(&self, full: Vec<f32>) -> Result<Started, CommError> {
+        self.record(self.ring(full.len()), || self.inner.start_reduce_scatter(full))
+    }
+}
+
+impl Metered<'_> {
+    /// Wait for a collective started through this communicator, recording the time waited
+    /// (what the overlap left exposed) with its start.
+    pub fn wait(&self, s: Started) -> Result<Vec<f32>, CommError> {
+        let t0 = Instant::now();
+        let r = s.wait();
+        let mut m = self.meter.get();
+        m.seconds += t0.elapsed().as_secs_f64();
+        self.meter.set(m);
+        r
     }
 }

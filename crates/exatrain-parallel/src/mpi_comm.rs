@@ -9,7 +9,42 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use crate::comm::CommError;
+use crate::comm::{CommError, Finish, Started};
+
+/// A non-blocking collective (MPI_Iallreduce, MPI_Ireduce_scatter_block) in flight, with the
+/// leaked buffers it reads and writes until it completes.
+struct MpiStarted {
+    request: Option<Request<'static, [f32], StaticScope>>,
+    send: *mut [f32],
+    recv: *mut [f32],
+}
+
+impl MpiStarted {
+    fn complete(&mut self) -> Option<Vec<f32>> {
+        let request = self.request.take()?;
+        request.wait();
+        // SAFETY: the request is complete, so MPI no longer touches the two buffers, which
+        // were leaked from Boxes in `start` and are reclaimed exactly once (request taken).
+        unsafe {
+            drop(Box::from_raw(self.send));
+            Some(Box::from_raw(self.recv).into_vec())
+        }
+    }
+}
+
+impl Finish for MpiStarted {
+    fn finish(mut self: Box<Self>) -> Result<Vec<f32>, CommError> {
+        Ok(self.complete().expect("completed once"))
+    }
+}
+
+impl Drop for MpiStarted {
+    fn drop(&mut self) {
+        // never free buffers MPI may still use: complete first (an unwaited request on an
+        // error path)
+        self.complete();
+    }
+}
 
 /// A send in flight: its request and the copy of the data it reads (freed when it completes).
 struct Pending {
@@ -60,6 +95,25 @@ impl Drop for Mpi {
 }
 
 impl Mpi {
+    /// Start a non-blocking collective reading `send` and writing a fresh buffer of `out` floats.
+    fn start(
+        &self,
+        send: Vec<f32>,
+        out: usize,
+        f: impl FnOnce(&SimpleCommunicator, &'static [f32], &'static mut [f32]) -> Request<'static, [f32], StaticScope>,
+    ) -> Result<Started, CommError> {
+        self.reap();
+        let send: *mut [f32] = Box::leak(send.into_boxed_slice());
+        let recv: *mut [f32] = Box::leak(vec![0.0f32; out].into_boxed_slice());
+        // SAFETY: both point to leaked buffers that `MpiStarted` frees after the request completes.
+        let request = f(&self.comm, unsafe { &*send }, unsafe { &mut *recv });
+        Ok(Started::with(Box::new(MpiStarted {
+            request: Some(request),
+            send,
+            recv,
+        })))
+    }
+
     /// The world communicator. Keep the returned `Universe` alive for the whole run.
     pub fn world() -> Result<(mpi::environment::Universe, Mpi), CommError> {
         let universe =
@@ -137,6 +191,20 @@ impl crate::comm::Communicator for Mpi {
                 ))
             })?;
         Ok(Box::new(Mpi::new(comm)))
+    }
+
+    fn start_all_reduce(&self, buf: Vec<f32>) -> Result<Started, CommError> {
+        let n = buf.len();
+        self.start(buf, n, |c, send, recv| {
+            c.immediate_all_reduce_into(StaticScope, send, recv, SystemOperation::sum())
+        })
+    }
+
+    fn start_reduce_scatter(&self, full: Vec<f32>) -> Result<Started, CommError> {
+        let n = full.len() / self.size();
+        self.start(full, n, |c, send, recv| {
+            c.immediate_reduce_scatter_block_into(StaticScope, send, recv, SystemOperation::sum())
+        })
     }
 
     fn abort(&self, why: &str) {

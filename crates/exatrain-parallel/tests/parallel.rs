@@ -202,3 +202,76 @@ fn a_failing_rank_ends_the_job_with_a_message_not_a_hang() {
     assert!(e.contains("timed out") && e.contains("[1]"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn started_collectives_complete_in_order_while_the_rank_goes_on() {
+    let n = 4;
+    let ranks = in_process(n, Duration::from_secs(10));
+    let results: Vec<(Vec<Vec<f32>>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let r = comm.rank() as f32;
+                    let pair = comm.split(comm.rank() / 2, comm.rank()).unwrap();
+                    // three in flight at once, a blocking collective on another group meanwhile
+                    let a = comm.start_all_reduce(vec![r, 1.0]).unwrap();
+                    let b = comm
+                        .start_reduce_scatter((0..8).map(|i| r * 10.0 + i as f32).collect())
+                        .unwrap();
+                    let c = comm.start_all_reduce(vec![2.0 * r]).unwrap();
+                    let mut x = vec![r];
+                    pair.all_reduce(&mut x).unwrap();
+                    let got = vec![a.wait().unwrap(), b.wait().unwrap(), c.wait().unwrap()];
+                    (got, x)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, (got, pair)) in results.iter().enumerate() {
+        assert_eq!(got[0], vec![6.0, 4.0], "rank {rank}: first all-reduce");
+        // chunk `rank` of the sum over ranks: Σ_r (10 r + i) = 60 + 4 i, i = 2 rank, 2 rank + 1
+        let i = 2.0 * rank as f32;
+        assert_eq!(
+            got[1],
+            vec![60.0 + 4.0 * i, 64.0 + 4.0 * i],
+            "rank {rank}: reduce-scatter"
+        );
+        assert_eq!(got[2], vec![12.0], "rank {rank}: second all-reduce");
+        let base = (rank / 2 * 2) as f32;
+        assert_eq!(
+            pair,
+            &vec![2.0 * base + 1.0],
+            "rank {rank}: the pair's blocking all-reduce"
+        );
+    }
+}
+
+#[test]
+fn a_started_collective_fails_with_the_abort_message() {
+    let ranks = in_process(2, Duration::from_secs(10));
+    let t0 = Instant::now();
+    let errs: Vec<Option<String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    if comm.rank() == 1 {
+                        comm.abort("rank 1 ran out of memory");
+                        return None;
+                    }
+                    let started = comm.start_all_reduce(vec![1.0; 4]).unwrap();
+                    started.wait().err().map(|e| e.0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let msg = errs[0].clone().expect("rank 0's started all-reduce fails");
+    assert!(msg.contains("ran out of memory"), "{msg}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(9),
+        "noticed the abort, not the timeout"
+    );
+}

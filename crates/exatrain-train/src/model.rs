@@ -834,7 +834,8 @@ impl<R: Real> Gpt<R> {
     /// Backward of the last [`Gpt::forward`], accumulating `scale ×` the gradient of its mean
     /// loss into `grads` (scale = 1 / microbatches for gradient accumulation).
     pub fn backward(&mut self, scale: R) {
-        self.backward_part(0, &Alone, None, scale).expect("no communication");
+        self.backward_part(0, &Alone, None, scale, &mut |_, _| Ok(()))
+            .expect("no communication");
     }
 
     /// Forward one microbatch through this part into `slot`: from the tokens if the part holds
@@ -923,12 +924,16 @@ impl<R: Real> Gpt<R> {
     /// Backward of the forward in `slot`, accumulating `scale ×` the gradient of its mean loss
     /// into `grads`: from the loss if the part holds the head, else from `dout` [R, C], the
     /// gradient at its output. Afterwards [`Gpt::input_grad`] holds the gradient at its input.
+    /// `ready(grads, from)` is called as soon as this microbatch's gradients of every parameter
+    /// at index ≥ `from` are complete (after the head, after each block, `from = 0` last), so
+    /// that their data-parallel reduction can start while backward goes on.
     pub fn backward_part(
         &mut self,
         slot: usize,
         tp: &dyn TpGroup<R>,
         dout: Option<&[R]>,
         scale: R,
+        ready: &mut dyn FnMut(&[R], usize) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         let d = Dims::new(&self.shape, &self.layout.part);
         let part = self.layout.part.clone();
@@ -939,21 +944,13 @@ impl<R: Real> Gpt<R> {
         let p = &self.params;
         let pl = &self.layout;
         let g = &mut self.grads;
-        // sequence parallel: the norms' gradients before this microbatch (see the end)
-        let norms: Vec<Range<usize>> = pl
-            .blocks
-            .iter()
-            .flat_map(|b| [b.ln1w.start..b.ln1b.end, b.ln2w.start..b.ln2b.end])
-            .chain([pl.lnfw.start..pl.lnfb.end])
-            .filter(|r| sp && !r.is_empty())
-            .collect();
-        let norm_grads: Vec<Vec<R>> = norms.iter().map(|r| g[r.clone()].to_vec()).collect();
         let gl = self.grad_layout.as_ref().expect("prepared");
         let dd = &mut self.dacts;
         let c = d.c;
         let mut cur = 0;
         dd[gl.dres[cur].clone()].iter_mut().for_each(|x| *x = R::zero());
         if part.head {
+            let before = norm_grads_before(g, sp, &[pl.lnfw.start..pl.lnfb.end]);
             {
                 // the head's GEMM input again (sequence parallel: gathered again)
                 let [lnf, lnf_full] = parts(&mut self.acts, [&la.lnf, &la.lnf_full]);
@@ -973,11 +970,14 @@ impl<R: Real> Gpt<R> {
             let (mean, rstd) = (&a[la.lnf_mean.clone()], &a[la.lnf_rstd.clone()]);
             let x = &a[la.output()];
             layernorm_backward(dx, dlnfw, dlnfb, dlnf, x, &p[pl.lnfw.clone()], mean, rstd, c);
+            sum_norm_grads(tp, g, &before)?;
+            ready(g, pl.lnfw.start)?;
         } else {
             dd[gl.dres[cur].clone()].copy_from_slice(dout.expect("a part without the head gets its output gradient"));
         }
         for l in (0..pl.blocks.len()).rev() {
             let (bp, ba) = (&pl.blocks[l], &la.blocks[l]);
+            let before = norm_grads_before(g, sp, &[bp.ln1w.start..bp.ln1b.end, bp.ln2w.start..bp.ln2b.end]);
             let input = la.block_input(l);
             match part.recompute {
                 Recompute::Full => block_forward(p, bp, &mut self.acts, ba, &input, &d, b, t, first, sp, tp)?,
@@ -1067,6 +1067,8 @@ impl<R: Real> Gpt<R> {
             let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
             layernorm_backward(dx, dln1w, dln1b, dln1, x(&input), w(&bp.ln1w), m1, r1, c);
             cur = 1 - cur;
+            sum_norm_grads(tp, g, &before)?;
+            ready(g, bp.ln1w.start)?; // this block's gradients are final for the microbatch
         }
         if part.embed {
             let [dwte, dwpe] = parts(g, [&pl.wte, &pl.wpe]);
@@ -1075,17 +1077,7 @@ impl<R: Real> Gpt<R> {
                                               // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
             encoder_backward(dwte, d.vlo, Some(dwpe), dfull, &sl.tokens, t, c);
         }
-        if sp {
-            // the norms saw only this rank's rows: sum this microbatch's share of their
-            // gradients over the group (what was accumulated before stays as it is)
-            for (r, before) in norms.iter().zip(&norm_grads) {
-                let mut delta: Vec<R> = g[r.clone()].iter().zip(before).map(|(x, y)| *x - *y).collect();
-                tp.sum_stats(&mut delta)?;
-                for ((x, y), dl) in g[r.clone()].iter_mut().zip(before).zip(&delta) {
-                    *x = *y + *dl;
-                }
-            }
-        }
+        ready(g, 0)?;
         self.dinput = cur;
         Ok(())
     }
@@ -1104,6 +1096,33 @@ impl<R: Real> Gpt<R> {
     pub fn logits(&self) -> &[R] {
         &self.acts[self.slots[0].act.logits.clone()]
     }
+}
+
+/// Sequence parallel: the norms' gradients (ranges of `g`) before a microbatch's backward
+/// reaches them; nothing without sequence parallelism.
+fn norm_grads_before<R: Real>(g: &[R], sp: bool, ranges: &[Range<usize>]) -> Vec<(Range<usize>, Vec<R>)> {
+    ranges
+        .iter()
+        .filter(|r| sp && !r.is_empty())
+        .map(|r| (r.clone(), g[r.clone()].to_vec()))
+        .collect()
+}
+
+/// Sequence parallel: the norms saw only this rank's rows, so sum this microbatch's share of
+/// their gradients over the tp group (what was accumulated before stays as it is).
+fn sum_norm_grads<R: Real>(
+    tp: &dyn TpGroup<R>,
+    g: &mut [R],
+    before: &[(Range<usize>, Vec<R>)],
+) -> Result<(), CommError> {
+    for (r, was) in before {
+        let mut delta: Vec<R> = g[r.clone()].iter().zip(was).map(|(x, y)| *x - *y).collect();
+        tp.sum_stats(&mut delta)?;
+        for ((x, y), dl) in g[r.clone()].iter_mut().zip(was).zip(&delta) {
+            *x = *y + *dl;
+        }
+    }
+    Ok(())
 }
 
 /// One block's forward over a (B, T) microbatch, reading `input` and writing the block's

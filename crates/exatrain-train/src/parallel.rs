@@ -19,7 +19,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use exatrain_cost::Times;
-use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered};
+use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered, Started};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
 use serde::{Deserialize, Serialize};
@@ -85,6 +85,10 @@ pub struct StepLine {
 #[derive(Default)]
 pub struct Options<'a> {
     pub schedule: Schedule,
+    /// Data-parallel gradient buckets hold at least this many elements, cut at block boundaries
+    /// (0: one bucket per chunk besides the embedding). With `overlap_dp` a bucket's reduction
+    /// starts as soon as its last gradient is final, while backward goes on.
+    pub bucket_elems: usize,
     /// resume from this state (its `step` is the first step to run)
     pub start: Option<Start>,
     /// called on world rank 0 with the whole state every `ckpt_every` steps and after the last
@@ -227,19 +231,31 @@ impl TpGroup<f32> for TpComm<'_> {
     }
 }
 
-/// A chunk's buffer cut into regions sharded separately over the data-parallel group: the tied
-/// embedding apart from the rest, so that the first and the last stage shard it alike.
+/// A chunk's buffer cut into regions — the data-parallel gradient buckets — each reduced and
+/// sharded separately over the data-parallel group: the tied embedding apart (so that the first
+/// and the last stage shard it alike), the rest cut at block boundaries into buckets of at
+/// least `bucket_elems`, counted from the end (the order backward finishes them).
 struct Regions {
-    /// (range in the chunk's buffer, shard length = ⌈len / dp⌉)
+    /// (range in the chunk's buffer, shard length = ⌈len / dp⌉), in buffer order
     regions: Vec<(Range<usize>, usize)>,
 }
 
 impl Regions {
-    fn new(model: &Gpt<f32>, dp: usize) -> Regions {
-        let wte = model.layout.wte.clone();
-        let rest = wte.end..model.params.len();
-        let regions = [wte, rest]
-            .into_iter()
+    fn new(model: &Gpt<f32>, dp: usize, bucket_elems: usize) -> Regions {
+        let layout = &model.layout;
+        let wte = layout.wte.clone();
+        let mut cuts = vec![model.params.len()];
+        for b in layout.blocks.iter().skip(1).rev() {
+            let start = b.ln1w.start;
+            if bucket_elems > 0 && cuts.last().expect("end") - start >= bucket_elems {
+                cuts.push(start);
+            }
+        }
+        cuts.push(wte.end);
+        cuts.reverse();
+        let rest = cuts.windows(2).map(|w| w[0]..w[1]);
+        let regions = std::iter::once(wte)
+            .chain(rest)
             .filter(|r| !r.is_empty())
             .map(|r| {
                 let s = r.len().div_ceil(dp);
@@ -247,6 +263,16 @@ impl Regions {
             })
             .collect();
         Regions { regions }
+    }
+
+    /// Elements a reduction of region k copies out while in flight: what it sends and receives.
+    fn staged(&self, k: usize, zero: u8, dp: usize) -> usize {
+        let (r, s) = &self.regions[k];
+        if zero == 0 {
+            2 * r.len()
+        } else {
+            s * dp + s
+        }
     }
 
     /// This dp rank's piece of region k, in the chunk's buffer.
@@ -448,9 +474,18 @@ fn run(
         .map_err(|e| SpecError::new(format!("pipeline schedule {kind:?}: {e}")))?;
     let steps = &all_steps[pp_i];
     let slots = slots_needed(steps, v);
+    // the step at which each chunk runs its last backward: ZeRO 0 and 1 reduce its gradients then
+    let last_backward: Vec<usize> = (0..v)
+        .map(|c| {
+            steps
+                .iter()
+                .rposition(|s| s.pass == Pass::Backward && s.chunk as usize == c)
+                .expect("every chunk runs backward")
+        })
+        .collect();
 
     // --- this rank's chunks
-    let zero = pc.zero;
+    let (zero, overlap) = (pc.zero, pc.overlap_dp);
     let adam = AdamWConfig {
         lr: cfg.lr,
         weight_decay: cfg.weight_decay,
@@ -470,7 +505,7 @@ fn run(
             };
             let mut model = Gpt::<f32>::new_part(shape, &part, cfg.seed);
             model.prepare(cfg.micro_batch, shape.max_seq, slots[c]);
-            let regions = Regions::new(&model, dp);
+            let regions = Regions::new(&model, dp, opts.bucket_elems);
             let decayed = model.layout.decayed();
             let pieces: Vec<Range<usize>> = if zero == 0 {
                 vec![0..model.params.len()]
@@ -558,6 +593,8 @@ fn run(
     let gather_n = (slice_n > 1).then_some(&gather);
     let (mut losses, mut grad_norms, mut step_seconds) = (Vec::new(), Vec::new(), Vec::new());
     let mut sums: Vec<(Times, CommBytes)> = Vec::new();
+    // the most gradient elements copied out for reductions in flight at once (workspace)
+    let mut staged_peak = 0usize;
     for step in first_step..cfg.steps {
         let t_step = Instant::now();
         let mut times = Times::default();
@@ -572,7 +609,9 @@ fn run(
         let mut slot_of: HashMap<(u32, u32), usize> = HashMap::new();
         let mut free: Vec<Vec<usize>> = chunks.iter().map(|c| (0..c.slots).rev().collect()).collect();
         let first = step * cfg.global_batch as u64 + (dp_i * per_rank) as u64;
-        for st in steps {
+        // data-parallel reductions in flight: (chunk, bucket, collective)
+        let mut pending: Vec<(usize, usize, Started)> = Vec::new();
+        for (si, st) in steps.iter().enumerate() {
             let ci = st.chunk as usize;
             let ch = &mut chunks[ci];
             let s = ch.stage;
@@ -624,9 +663,38 @@ fn run(
                     } else {
                         None
                     };
+                    if zero == 2 {
+                        // this chunk's previous microbatch reductions end before new ones start
+                        finish(&mut pending, Some(ci), &mut chunks, &dpm, zero).map_err(comm_err)?;
+                    }
+                    let ch = &mut chunks[ci];
+                    let reduce = zero == 2 || si == last_backward[ci];
+                    let (model, regions) = (&mut ch.model, &ch.regions);
+                    let mut next = regions.regions.len(); // buckets ≥ next are started
+                    let mut start = |g: &[f32], from: usize| -> Result<(), CommError> {
+                        while reduce && next > 0 && regions.regions[next - 1].0.start >= from {
+                            next -= 1;
+                            pending.push((ci, next, start_bucket(regions, next, g, zero, &dpm)?));
+                        }
+                        Ok(())
+                    };
                     let t0 = Instant::now();
-                    ch.model.backward_part(slot, &tpc, dout, scale).map_err(comm_err)?;
+                    if overlap {
+                        model.backward_part(slot, &tpc, dout, scale, &mut start)
+                    } else {
+                        model.backward_part(slot, &tpc, dout, scale, &mut |_, _| Ok(()))
+                    }
+                    .map_err(comm_err)?;
                     times.compute += t0.elapsed().as_secs_f64();
+                    if !overlap {
+                        start(&model.grads, 0).map_err(comm_err)?;
+                    }
+                    let staged = |p: &(usize, usize, Started)| chunks[p.0].regions.staged(p.1, zero, dp);
+                    staged_peak = staged_peak.max(pending.iter().map(staged).sum());
+                    if !overlap {
+                        finish(&mut pending, None, &mut chunks, &dpm, zero).map_err(comm_err)?;
+                    }
+                    let ch = &mut chunks[ci];
                     free[ci].push(slot);
                     if s > 0 {
                         let din = ch.model.input_grad();
@@ -635,32 +703,22 @@ fn run(
                             .map_err(comm_err)?;
                     }
                     if zero == 2 {
-                        // ZeRO-2: reduce-scatter this microbatch's gradients into the shard
-                        reduce_scatter_into(ch, &dpm, dp).map_err(comm_err)?;
+                        // ZeRO-2: this microbatch's gradients went to the reduce-scatters
                         ch.model.zero_grad();
                     }
                 }
             }
         }
-        // --- data-parallel reduction and the tied embedding
+        // --- the data-parallel reductions still in flight, then the tied embedding
+        finish(&mut pending, None, &mut chunks, &dpm, zero).map_err(comm_err)?;
         for ch in &mut chunks {
-            match zero {
-                0 => {
-                    dpm.all_reduce(&mut ch.model.grads).map_err(comm_err)?;
-                    if ch.tied {
-                        embm.all_reduce(&mut ch.model.grads[ch.model.layout.wte.clone()])
-                            .map_err(comm_err)?;
-                    }
-                }
-                _ => {
-                    if zero == 1 {
-                        reduce_scatter_into(ch, &dpm, dp).map_err(comm_err)?;
-                    }
-                    if ch.tied {
-                        // region 0 is the embedding
-                        embm.all_reduce(&mut ch.shard_grads[0]).map_err(comm_err)?;
-                    }
-                }
+            if ch.tied {
+                let wte = if zero == 0 {
+                    &mut ch.model.grads[ch.model.layout.wte.clone()]
+                } else {
+                    &mut ch.shard_grads[0][..] // region 0 is the embedding
+                };
+                embm.all_reduce(wte).map_err(comm_err)?;
             }
         }
         // --- the global gradient norm over every rank, each element counted once
@@ -802,7 +860,10 @@ fn run(
         comm_bytes.pp_gather += b.pp_gather / k;
     }
     let f = std::mem::size_of::<f32>();
-    let mut mem = MemoryBytes::default();
+    let mut mem = MemoryBytes {
+        workspace: staged_peak * f,
+        ..Default::default()
+    };
     for c in &chunks {
         mem.weights += c.model.params.len() * f;
         mem.optimizer += c.opts.iter().map(|(_, o)| (o.m.len() + o.v.len()) * f).sum::<usize>();
@@ -862,17 +923,41 @@ fn recv_activation(
     }
 }
 
-/// Reduce-scatter each region of the chunk's gradients over the data-parallel group and add
-/// this rank's piece to its shard.
-fn reduce_scatter_into(ch: &mut Chunk, dpm: &Metered, dp: usize) -> Result<(), CommError> {
-    for k in 0..ch.regions.regions.len() {
-        let (r, s) = ch.regions.regions[k].clone();
-        let mut full = vec![0.0f32; s * dp];
-        full[..r.len()].copy_from_slice(&ch.model.grads[r]);
-        let mut mine = vec![0.0f32; s];
-        dpm.reduce_scatter(&full, &mut mine)?;
-        for (a, b) in ch.shard_grads[k].iter_mut().zip(&mine) {
-            *a += *b;
+/// Start the data-parallel reduction of bucket `k` of gradients `g`: an all-reduce (ZeRO 0) or
+/// a reduce-scatter of the bucket padded to dp equal shards (ZeRO ≥ 1).
+fn start_bucket(regions: &Regions, k: usize, g: &[f32], zero: u8, dpm: &Metered) -> Result<Started, CommError> {
+    let (r, s) = regions.regions[k].clone();
+    if zero == 0 {
+        dpm.start_all_reduce(g[r].to_vec())
+    } else {
+        let mut full = vec![0.0f32; s * dpm.size()];
+        full[..r.len()].copy_from_slice(&g[r]);
+        dpm.start_reduce_scatter(full)
+    }
+}
+
+/// Wait for the pending reductions (of chunk `only`, or all) in the order started, and put
+/// each result in place: the reduced bucket back into the gradients (ZeRO 0), or added to the
+/// rank's shard (ZeRO ≥ 1).
+fn finish(
+    pending: &mut Vec<(usize, usize, Started)>,
+    only: Option<usize>,
+    chunks: &mut [Chunk],
+    dpm: &Metered,
+    zero: u8,
+) -> Result<(), CommError> {
+    let (now, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|p| only.is_none_or(|c| p.0 == c));
+    *pending = later;
+    for (c, k, started) in now {
+        let got = dpm.wait(started)?;
+        let ch = &mut chunks[c];
+        if zero == 0 {
+            let r = ch.regions.regions[k].0.clone();
+            ch.model.grads[r].copy_from_slice(&got);
+        } else {
+            for (a, b) in ch.shard_grads[k].iter_mut().zip(&got) {
+                *a += *b;
+            }
         }
     }
     Ok(())
@@ -920,7 +1005,7 @@ pub fn aggregate(reports: &[RankReport]) -> RankReport {
 }
 
 /// The model and layout the planner should be asked about to compare with this trainer: it
-/// trains in fp32 without dropout and without overlapping the data-parallel reduction.
+/// trains in fp32 without dropout (and overlaps the data-parallel reduction as `pc` says).
 pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, ParallelConfig) {
     let spec = ModelSpec {
         dropout: false,
@@ -929,7 +1014,6 @@ pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, Parallel
     let pc = ParallelConfig {
         dtype: exatrain_spec::Dtype::Fp32,
         flash_attention: false,
-        overlap_dp: false,
         ..*pc
     };
     (spec, pc)

@@ -62,6 +62,16 @@ fn cfg(mb: usize, gb: usize) -> TrainConfig {
 }
 
 fn run(pc: &ParallelConfig, sched: Schedule, data: &Path) -> Vec<Result<RankResult, String>> {
+    run_buckets(pc, sched, 0, data)
+}
+
+/// [`run`] with data-parallel gradient buckets of `bucket_elems`.
+fn run_buckets(
+    pc: &ParallelConfig,
+    sched: Schedule,
+    bucket_elems: usize,
+    data: &Path,
+) -> Vec<Result<RankResult, String>> {
     let c = cfg(pc.micro_batch as usize, pc.global_batch as usize);
     let ranks = in_process(pc.gpus() as usize, Duration::from_secs(20));
     std::thread::scope(|s| {
@@ -72,6 +82,7 @@ fn run(pc: &ParallelConfig, sched: Schedule, data: &Path) -> Vec<Result<RankResu
                 s.spawn(move || {
                     let opts = Options {
                         schedule: sched,
+                        bucket_elems,
                         ..Default::default()
                     };
                     parallel::train(&spec(), &c, pc, &opts, data, &comm).map_err(|e| e.0)
@@ -265,6 +276,56 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
             .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
             .collect();
         assert_matches(name, &pc, &results, &want);
+    }
+}
+
+#[test]
+fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
+    let dir = tmp("buckets");
+    let data = dataset(&dir);
+    let want = reference(&dir, &data, 1, 16);
+    // bucket_elems 1: every block is its own bucket, started as backward leaves it
+    for (zero, overlap, pp, v, tp, sp) in [
+        (0u8, true, 1u32, 1u32, 1u32, false),
+        (0, false, 1, 1, 1, false),
+        (1, true, 2, 1, 1, false),
+        (2, true, 2, 2, 1, false),
+        (1, true, 1, 1, 2, true),
+        (2, false, 2, 1, 2, true),
+    ] {
+        let dp = 8 / (pp * tp);
+        let pc = ParallelConfig {
+            zero,
+            overlap_dp: overlap,
+            virtual_stages: v,
+            sequence_parallel: sp,
+            ..layout(tp, pp, dp, 1, 16)
+        };
+        let name = format!("{} overlap {overlap} (bucket per block)", parallel::describe(&pc));
+        let results: Vec<RankResult> = run_buckets(&pc, Schedule::OneFOneB, 1, &data)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
+            .collect();
+        assert_matches(&name, &pc, &results, &want);
+        // the same bytes as one bucket per chunk, up to each bucket's padding to dp shards
+        let one: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let bytes = |r: &[RankResult]| {
+            let reports: Vec<_> = r.iter().map(|x| x.report.clone()).collect();
+            parallel::aggregate(&reports).comm_bytes.dp
+        };
+        let (many, single) = (bytes(&results), bytes(&one));
+        let buckets = 8 / (pp * v) as usize + 1;
+        let pad = 4.0 * (buckets * dp as usize) as f64 * 18.0;
+        assert!(
+            many > 0.0 && (many - single).abs() <= pad,
+            "{name}: dp bytes {many} vs {single}"
+        );
+        if zero == 0 {
+            assert_eq!(many, single, "{name}: all-reduce buckets have no padding");
+        }
     }
 }
 
