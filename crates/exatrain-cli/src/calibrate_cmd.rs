@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use exatrain_spec::{presets, Dtype, ParallelConfig, SpecError};
-use exatrain_train::calibrate;
+use exatrain_train::calibrate::{self, CommPoint};
 use exatrain_tune::store::write_atomic;
 
 #[derive(Args)]
@@ -17,6 +17,46 @@ pub struct CalibrateArgs {
     pub quick: bool,
     #[arg(long)]
     pub json: bool,
+    /// Time the collectives (all-reduce, all-gather, reduce-scatter, send/recv) over this many
+    /// in-process ranks and fit the planner's link bandwidth and latency to them (1: skip);
+    /// the spec then is one node of this many devices.
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Time the collectives over the ranks of this MPI job instead
+    /// (`mpirun -n N exatrain calibrate --mpi`); rank 0 runs the rest and writes the spec.
+    #[arg(long)]
+    pub mpi: bool,
+}
+
+fn comm_sizes(quick: bool) -> (Vec<usize>, usize) {
+    if quick {
+        (vec![4 << 10, 64 << 10, 1 << 20], 3)
+    } else {
+        (
+            vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20],
+            5,
+        )
+    }
+}
+
+/// The collectives over `ranks` in-process ranks (rank 0's points).
+fn collectives_in_process(ranks: usize, quick: bool) -> Result<Vec<CommPoint>, SpecError> {
+    let (sizes, reps) = comm_sizes(quick);
+    let comms = exatrain_parallel::comm::in_process(ranks, std::time::Duration::from_secs(60));
+    let mut all: Vec<Result<Vec<CommPoint>, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let sizes = &sizes;
+                s.spawn(move || calibrate::time_collectives(&c, sizes, reps).map_err(|e| e.0))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a rank panicked".into())))
+            .collect()
+    });
+    all.swap_remove(0)
+        .map_err(|e| SpecError::new(format!("calibrate --ranks {ranks}: {e}")))
 }
 
 fn memory_gib() -> f64 {
@@ -30,8 +70,60 @@ fn memory_gib() -> f64 {
         .map_or(16.0, |kib| kib / 1048576.0)
 }
 
+/// Under MPI every rank measures its device at the same time (the share of the machine it gets
+/// when all train at once), then the group's collectives; rank 0's numbers are kept.
+#[cfg(feature = "mpi")]
+fn calibrate_mpi(
+    quick: bool,
+) -> Result<(calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>), SpecError> {
+    use exatrain_parallel::comm::Communicator;
+    let (universe, world) = exatrain_parallel::mpi_comm::Mpi::world().map_err(|e| SpecError::new(e.0))?;
+    let c = calibrate::calibrate(memory_gib(), quick);
+    let (sizes, reps) = comm_sizes(quick);
+    let points = calibrate::time_collectives(&world, &sizes, reps).map_err(|e| SpecError::new(e.0))?;
+    let root = world.rank() == 0;
+    // MPI ends when the universe drops: keep it (and the world) to the end of the run
+    Ok((c, points, root, Box::new((world, universe))))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn calibrate_mpi(
+    _quick: bool,
+) -> Result<(calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>), SpecError> {
+    Err(SpecError::new(
+        "--mpi: this exatrain was built without MPI (build with `cargo build --release --features mpi`)",
+    ))
+}
+
 pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
-    let c = calibrate::calibrate(memory_gib(), a.quick);
+    if a.ranks == 0 {
+        return Err(SpecError::new("--ranks 0: give at least 1 (1 skips the collectives)"));
+    }
+    let (mut c, points, ranks, _universe) = if a.mpi {
+        let (c, points, root, universe) = calibrate_mpi(a.quick)?;
+        if !root {
+            return Ok(());
+        }
+        let n = points.first().map_or(1, |p| p.ranks);
+        (c, points, n, Some(universe))
+    } else {
+        let points = if a.ranks > 1 {
+            collectives_in_process(a.ranks, a.quick)?
+        } else {
+            Vec::new()
+        };
+        (calibrate::calibrate(memory_gib(), a.quick), points, a.ranks, None)
+    };
+    let link = if points.is_empty() {
+        None
+    } else {
+        Some(calibrate::fit_link(&points).ok_or_else(|| {
+            SpecError::new("calibrate: the collective timings do not determine a bandwidth (all zero?)")
+        })?)
+    };
+    if let Some(l) = &link {
+        c.spec = calibrate::with_link(&c.spec, ranks, l);
+    }
     c.spec.validate()?;
     // The planner on this machine, for the trainer's bench config (compare with `cargo bench -p exatrain-train`).
     let bench = presets::model("bench")?;
@@ -42,7 +134,7 @@ pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
     let p = exatrain_cost::plan(&bench, &c.spec, &cfg)?;
     if let Some(out) = &a.out {
         let text = toml::to_string(&c.spec).map_err(|e| SpecError::new(format!("--out {}: {e}", out.display())))?;
-        let header = format!(
+        let mut header = format!(
             "# Measured by `exatrain calibrate` on this machine ({} threads): fp32 GEMM peak {:.1} GFLOP/s,\n# memory {:.1} GB/s; GEMM curve fitted on {} shapes (median error {:.1} %).\n",
             c.threads,
             c.peak_gflops,
@@ -50,10 +142,22 @@ pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
             c.gemm.len(),
             100.0 * c.fit_error
         );
+        if let Some(l) = &link {
+            header += &format!(
+                "# Collectives over {ranks} {} ranks: link {:.2} GB/s, latency {:.1} µs ({} points, median error {:.1} %).\n",
+                if a.mpi { "MPI" } else { "in-process" },
+                l.gbps,
+                l.latency_us,
+                points.len(),
+                100.0 * l.median_error
+            );
+        }
         write_atomic(out, format!("{header}{text}").as_bytes())?;
     }
     if a.json {
         let mut v = serde_json::to_value(&c).expect("json");
+        v["collectives"] = serde_json::json!(points);
+        v["link"] = serde_json::json!(link);
         v["bench_prediction"] =
             serde_json::json!({"step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s, "time_s": p.time_s});
         println!("{v}");
@@ -79,6 +183,30 @@ pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
         c.memory_gbps,
         c.threads
     );
+    if let Some(l) = &link {
+        println!(
+            "\n{:<15} {:>5} {:>10} {:>10} {:>10}",
+            "collective", "ranks", "bytes", "µs", "fitted µs"
+        );
+        for p in &points {
+            let (f, h) = p.kind.ring(p.ranks);
+            let fitted = f * p.bytes as f64 / (l.gbps * 1e9) + h * l.latency_us * 1e-6;
+            println!(
+                "{:<15} {:>5} {:>10} {:>10.1} {:>10.1}",
+                serde_json::to_value(p.kind).expect("json").as_str().unwrap_or(""),
+                p.ranks,
+                p.bytes,
+                1e6 * p.seconds,
+                1e6 * fitted
+            );
+        }
+        println!(
+            "link over {ranks} ranks: {:.2} GB/s, latency {:.1} µs (median error {:.1} %)",
+            l.gbps,
+            l.latency_us,
+            100.0 * l.median_error
+        );
+    }
     println!(
         "planner on this machine, bench config (6×384, seq 256, batch 8, fp32): {:.3} s/step, {:.0} tokens/s",
         p.step_time_s, p.tokens_per_s

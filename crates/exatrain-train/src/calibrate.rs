@@ -1,10 +1,13 @@
 //! Micro-benchmarks of the machine the trainer runs on, turned into a `ClusterSpec` the planner
 //! reads: fp32 GEMM throughput over a range of shapes (fitted to the planner's efficiency curve
-//! `eff = max·d/(d + half)`, d the harmonic mean of m, n, k) and streaming memory bandwidth.
+//! `eff = max·d/(d + half)`, d the harmonic mean of m, n, k), streaming memory bandwidth, and
+//! the collectives of a group of ranks (all-reduce, all-gather, reduce-scatter, send/recv over
+//! message sizes) fitted to the planner's α–β ring model: one link's bandwidth and latency.
 
 use std::time::Instant;
 
-use exatrain_spec::{ClusterSpec, DeviceSpec, GemmEfficiency, NetworkSpec, NodeSpec, SystemSpec};
+use exatrain_parallel::comm::{CommError, Communicator};
+use exatrain_spec::{ClusterSpec, DeviceSpec, GemmEfficiency, LinkClass, NetworkSpec, NodeSpec, SystemSpec};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -186,4 +189,193 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
         memory_gbps,
         spec,
     }
+}
+
+/// A collective the planner prices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    /// one message from rank 0 to rank 1 (half a ping-pong)
+    SendRecv,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 4] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::SendRecv,
+    ];
+
+    /// The ring model's (bandwidth factor, latency hops) for `n` ranks: time = f·M/B + h·α,
+    /// M the full buffer's bytes (the planner's `comm` formulas).
+    pub fn ring(self, n: usize) -> (f64, f64) {
+        let nf = n as f64;
+        match self {
+            Collective::AllReduce => (2.0 * (nf - 1.0) / nf, 2.0 * (nf - 1.0)),
+            Collective::AllGather | Collective::ReduceScatter => ((nf - 1.0) / nf, nf - 1.0),
+            Collective::SendRecv => (1.0, 1.0),
+        }
+    }
+}
+
+/// One measured collective.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CommPoint {
+    pub kind: Collective,
+    pub ranks: usize,
+    /// the full buffer (all-reduce: the buffer; all-gather, reduce-scatter: all ranks' parts)
+    pub bytes: usize,
+    pub seconds: f64,
+}
+
+/// Time every collective over `comm` for full buffers of `sizes` bytes (a multiple of 4·size):
+/// the median of `reps` after a warm-up, each started together after a barrier. Every rank of
+/// the group must call this; all return the same points (rank 0's clock).
+pub fn time_collectives(comm: &dyn Communicator, sizes: &[usize], reps: usize) -> Result<Vec<CommPoint>, CommError> {
+    let n = comm.size();
+    let me = comm.rank();
+    let mut out = Vec::new();
+    for &bytes in sizes {
+        let full = (bytes / 4).div_ceil(n) * n;
+        let mut buf = vec![1.0f32; full];
+        let mut part = vec![0.0f32; full / n];
+        for kind in Collective::ALL {
+            if kind == Collective::SendRecv && n < 2 {
+                continue;
+            }
+            let mut once = || -> Result<(), CommError> {
+                match kind {
+                    Collective::AllReduce => comm.all_reduce(&mut buf),
+                    Collective::AllGather => comm.all_gather(&part, &mut buf),
+                    Collective::ReduceScatter => comm.reduce_scatter(&buf, &mut part),
+                    Collective::SendRecv => match me {
+                        0 => {
+                            comm.send(1, 7, &buf)?;
+                            comm.recv(1, 7, &mut buf)
+                        }
+                        1 => {
+                            comm.recv(0, 7, &mut buf)?;
+                            comm.send(0, 7, &buf)
+                        }
+                        _ => Ok(()),
+                    },
+                }
+            };
+            once()?; // warm-up
+            let mut times = Vec::with_capacity(reps);
+            for _ in 0..reps.max(1) {
+                comm.barrier()?;
+                let t0 = Instant::now();
+                once()?;
+                let mut t = t0.elapsed().as_secs_f64();
+                if kind == Collective::SendRecv {
+                    t /= 2.0;
+                }
+                times.push(t);
+            }
+            times.sort_by(|a, b| a.total_cmp(b));
+            // every rank reports rank 0's time
+            let mut t = [if me == 0 { times[times.len() / 2] as f32 } else { 0.0 }];
+            comm.all_reduce(&mut t)?;
+            out.push(CommPoint {
+                kind,
+                ranks: n,
+                bytes: full * 4,
+                seconds: t[0] as f64,
+            });
+            buf.iter_mut().for_each(|x| *x = 1.0);
+        }
+    }
+    Ok(out)
+}
+
+/// A link fitted to collective timings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LinkFit {
+    /// bandwidth per direction, GB/s
+    pub gbps: f64,
+    /// per-hop latency, µs
+    pub latency_us: f64,
+    /// median |relative error| of the fitted model on the points
+    pub median_error: f64,
+}
+
+/// Least squares on the relative error of `t = f·M/B + h·α` (the ring model of each point's
+/// collective) for 1/B and α ≥ 0. None without two points of different sizes.
+pub fn fit_link(points: &[CommPoint]) -> Option<LinkFit> {
+    let rows: Vec<([f64; 2], f64)> = points
+        .iter()
+        .filter(|p| p.seconds > 0.0 && p.ranks > 1)
+        .map(|p| {
+            let (f, h) = p.kind.ring(p.ranks);
+            ([f * p.bytes as f64 / p.seconds, h / p.seconds], 1.0)
+        })
+        .collect();
+    let solve = |rows: &[([f64; 2], f64)]| -> Option<[f64; 2]> {
+        let (mut a, mut b) = ([[0.0f64; 2]; 2], [0.0f64; 2]);
+        for (x, y) in rows {
+            for i in 0..2 {
+                b[i] += x[i] * y;
+                for j in 0..2 {
+                    a[i][j] += x[i] * x[j];
+                }
+            }
+        }
+        let det = a[0][0] * a[1][1] - a[0][1] * a[1][0];
+        (det.abs() > 1e-12 * (a[0][0] * a[1][1]).abs().max(1e-300)).then(|| {
+            [
+                (b[0] * a[1][1] - b[1] * a[0][1]) / det,
+                (a[0][0] * b[1] - a[1][0] * b[0]) / det,
+            ]
+        })
+    };
+    let [mut inv_b, mut alpha] = solve(&rows)?;
+    if alpha < 0.0 || inv_b <= 0.0 {
+        // latency below resolution: bandwidth alone
+        let (sxx, sxy) = rows
+            .iter()
+            .fold((0.0, 0.0), |(a, b), (x, y)| (a + x[0] * x[0], b + x[0] * y));
+        (inv_b, alpha) = (sxy / sxx, 0.0);
+    }
+    if !(inv_b > 0.0 && inv_b.is_finite()) {
+        return None;
+    }
+    let mut errs: Vec<f64> = points
+        .iter()
+        .filter(|p| p.seconds > 0.0 && p.ranks > 1)
+        .map(|p| {
+            let (f, h) = p.kind.ring(p.ranks);
+            ((f * p.bytes as f64 * inv_b + h * alpha) / p.seconds - 1.0).abs()
+        })
+        .collect();
+    errs.sort_by(|a, b| a.total_cmp(b));
+    Some(LinkFit {
+        gbps: 1.0 / inv_b / 1e9,
+        latency_us: alpha * 1e6,
+        median_error: errs[errs.len() / 2],
+    })
+}
+
+/// `spec` as one node of `ranks` devices joined by the fitted link.
+pub fn with_link(spec: &ClusterSpec, ranks: usize, link: &LinkFit) -> ClusterSpec {
+    let mut s = spec.clone();
+    s.node = NodeSpec {
+        devices: ranks as u32,
+        links: vec![LinkClass {
+            span: ranks as u32,
+            gbps: link.gbps,
+        }],
+        nics: 1,
+        nic_gbps: link.gbps,
+    };
+    s.network = NetworkSpec {
+        intra_latency_us: link.latency_us.max(1e-3),
+        inter_latency_us: link.latency_us.max(1e-3),
+        efficiency: 1.0,
+    };
+    s
 }

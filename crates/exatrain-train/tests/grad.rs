@@ -308,3 +308,57 @@ fn calibration_fit_recovers_a_known_gemm_curve() {
         "{fit:?}"
     );
 }
+
+#[test]
+fn link_fit_recovers_a_known_bandwidth_and_latency() {
+    use exatrain_train::calibrate::{fit_link, Collective, CommPoint};
+    let (gbps, alpha) = (12.5, 20e-6);
+    let mut points = Vec::new();
+    for ranks in [2usize, 4] {
+        for kind in Collective::ALL {
+            for (i, bytes) in [4096usize, 65536, 1 << 20, 16 << 20].into_iter().enumerate() {
+                let (f, h) = kind.ring(ranks);
+                let noise = 1.0 + 0.02 * if i % 2 == 0 { 1.0 } else { -1.0 };
+                let seconds = (f * bytes as f64 / (gbps * 1e9) + h * alpha) * noise;
+                points.push(CommPoint {
+                    kind,
+                    ranks,
+                    bytes,
+                    seconds,
+                });
+            }
+        }
+    }
+    let fit = fit_link(&points).unwrap();
+    assert!((fit.gbps / gbps - 1.0).abs() < 0.03, "{fit:?}");
+    assert!((fit.latency_us / 20.0 - 1.0).abs() < 0.05, "{fit:?}");
+    assert!(fit.median_error < 0.03, "{fit:?}");
+    // one size only: bandwidth and latency cannot be told apart
+    let one: Vec<CommPoint> = points
+        .iter()
+        .filter(|p| p.bytes == 4096 && p.ranks == 2 && p.kind == Collective::SendRecv)
+        .copied()
+        .collect();
+    assert_eq!(one.len(), 1);
+    assert!(fit_link(&one).is_none());
+}
+
+#[test]
+fn collective_timings_cover_every_kind_and_size_on_in_process_ranks() {
+    use exatrain_train::calibrate::{time_collectives, Collective};
+    let ranks = exatrain_parallel::comm::in_process(3, std::time::Duration::from_secs(10));
+    let all: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .into_iter()
+            .map(|c| s.spawn(move || time_collectives(&c, &[1200, 120_000], 3).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(all[0].len(), 8);
+    assert!(all.iter().all(|p| *p == all[0]), "every rank reports rank 0's clock");
+    for p in &all[0] {
+        assert!(p.seconds > 0.0 && p.ranks == 3 && p.bytes % 12 == 0, "{p:?}");
+    }
+    let kinds: Vec<Collective> = all[0].iter().map(|p| p.kind).collect();
+    assert_eq!(&kinds[..4], &Collective::ALL);
+}
