@@ -204,6 +204,15 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             )
         }
     };
+    // The tied embedding's gradient, all-reduced between the first and the last stage (pp > 1)
+    // after the data-parallel reduction (Megatron's embedding-grads all-reduce); its bytes are
+    // not data-parallel bytes, so only its time is added.
+    let dp_comm = if pp > 1 && m.tied_embeddings {
+        let emb = m.padded_vocab as f64 * m.hidden as f64 / tp as f64 * e;
+        dp_comm + comm::all_reduce(emb, 2, group_link(c, 2, p.stride(Dim::Pp) * (pp - 1)))
+    } else {
+        dp_comm
+    };
     let opt_params = if p.zero >= 1 { params_dev / dpf } else { params_dev };
     let optimizer = d.stream(opt_params * (28.0 + e));
 

@@ -668,7 +668,8 @@ fn run(
                         finish(&mut pending, Some(ci), &mut chunks, &dpm, zero).map_err(comm_err)?;
                     }
                     let ch = &mut chunks[ci];
-                    let reduce = zero == 2 || si == last_backward[ci];
+                    // (one data-parallel rank and ZeRO-0: nothing to reduce)
+                    let reduce = (zero == 2 || si == last_backward[ci]) && (dp > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
                     let mut next = regions.regions.len(); // buckets ≥ next are started
                     let mut start = |g: &[f32], from: usize| -> Result<(), CommError> {
@@ -711,8 +712,14 @@ fn run(
         }
         // --- the data-parallel reductions still in flight, then the tied embedding
         finish(&mut pending, None, &mut chunks, &dpm, zero).map_err(comm_err)?;
+        let mut tie_wait = 0.0;
         for ch in &mut chunks {
             if ch.tied {
+                // first meet the other end of the pipeline (waiting for its last backward is
+                // pipeline idle time), then the all-reduce itself
+                let t0 = Instant::now();
+                g.embedding.barrier().map_err(comm_err)?;
+                tie_wait += t0.elapsed().as_secs_f64();
                 let wte = if zero == 0 {
                     &mut ch.model.grads[ch.model.layout.wte.clone()]
                 } else {
@@ -802,7 +809,7 @@ fn run(
         times.compute -= mt.seconds;
         times.tp_comm = mt.seconds;
         times.pp_comm = ms.seconds + mg.seconds;
-        times.bubble = mr.seconds;
+        times.bubble = mr.seconds + tie_wait;
         times.dp_comm = md.seconds + me.seconds;
         bytes.tp = mt.bytes;
         bytes.pp = ms.bytes;
@@ -977,20 +984,23 @@ pub fn whole_params<'a>(shape: &GptShape, chunks: impl IntoIterator<Item = &'a (
     out
 }
 
-/// The planner-comparable aggregate of the ranks' reports: each time and byte term is the
-/// maximum over ranks (the planner models the busiest stage), the step the slowest rank's, and
-/// the memory that of the rank holding the most (as the planner reports its fullest stage).
+/// The planner-comparable aggregate of the ranks' reports: the time terms of the rank that
+/// computes longest (the planner models the slowest stage), each byte term's maximum over ranks
+/// (the busiest rank), the step the slowest rank's, and the memory of the rank holding the most
+/// (as the planner reports its fullest stage).
 pub fn aggregate(reports: &[RankReport]) -> RankReport {
     let mut a = RankReport::default();
     let mx = |x: &mut f64, y: f64| *x = x.max(y);
+    // the time terms of the critical rank: the one that computes longest (the planner's
+    // slowest stage; a faster stage's waiting for it is imbalance, not the pipeline bubble)
+    if let Some(r) = reports
+        .iter()
+        .max_by(|a, b| a.time_s.compute.total_cmp(&b.time_s.compute))
+    {
+        a.time_s = r.time_s;
+    }
     for r in reports {
         mx(&mut a.step_s, r.step_s);
-        mx(&mut a.time_s.compute, r.time_s.compute);
-        mx(&mut a.time_s.tp_comm, r.time_s.tp_comm);
-        mx(&mut a.time_s.pp_comm, r.time_s.pp_comm);
-        mx(&mut a.time_s.dp_comm, r.time_s.dp_comm);
-        mx(&mut a.time_s.bubble, r.time_s.bubble);
-        mx(&mut a.time_s.optimizer, r.time_s.optimizer);
         mx(&mut a.comm_bytes.tp, r.comm_bytes.tp);
         mx(&mut a.comm_bytes.pp, r.comm_bytes.pp);
         mx(&mut a.comm_bytes.dp, r.comm_bytes.dp);
