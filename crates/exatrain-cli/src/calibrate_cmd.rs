@@ -7,6 +7,8 @@ use exatrain_spec::{presets, Dtype, ParallelConfig, SpecError};
 use exatrain_train::calibrate::{self, CommPoint};
 use exatrain_tune::store::write_atomic;
 
+use crate::reports;
+
 #[derive(Args)]
 pub struct CalibrateArgs {
     /// Write the measured machine as a cluster TOML that `plan` and `tune` accept (--cluster FILE).
@@ -26,6 +28,98 @@ pub struct CalibrateArgs {
     /// (`mpirun -n N exatrain calibrate --mpi`); rank 0 runs the rest and writes the spec.
     #[arg(long)]
     pub mpi: bool,
+    /// Instead of benchmarking: fit the --cluster spec's efficiency factors (compute, memory,
+    /// link bandwidth, latency) to these `exatrain train --report` files (files or folders;
+    /// at least 3 runs) by least squares on their measured time terms, and write the result
+    /// to --out (default: over the --cluster file, only once the fit succeeded).
+    #[arg(long, num_args = 1..)]
+    pub fit: Vec<PathBuf>,
+    /// With --fit: the spec to start from (what `exatrain calibrate --out` wrote).
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// With --fit: every report must be a run of this model.
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+/// `--fit`: the spec's factors fitted to measured runs, written atomically only on success.
+fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
+    let base_name = a.cluster.as_deref().ok_or_else(|| {
+        SpecError::new("--fit needs --cluster FILE: the spec to fit (from `exatrain calibrate --out`)")
+    })?;
+    let base = exatrain_spec::load::cluster(base_name)?;
+    let out = match (&a.out, std::path::Path::new(base_name).is_file()) {
+        (Some(o), _) => o.clone(),
+        (None, true) => PathBuf::from(base_name),
+        (None, false) => {
+            return Err(SpecError::new(format!(
+                "--fit: --cluster {base_name} is a preset, not a file: say where to write with --out FILE"
+            )))
+        }
+    };
+    let mut files = Vec::new();
+    for f in &a.fit {
+        files.extend(reports::files(f, "--fit")?);
+    }
+    let runs = reports::read(&files)?
+        .iter()
+        .map(|(name, v)| reports::measured(name, v, a.model.as_deref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fit = exatrain_cost::fit::fit(&base, &runs)?;
+    fit.cluster.validate()?;
+    if !(fit.rms_log_error_after <= fit.rms_log_error_before) {
+        return Err(SpecError::new(
+            "calibrate --fit: the fit did not improve on the spec; nothing written",
+        ));
+    }
+    let describe: Vec<String> = fit
+        .factors
+        .iter()
+        .map(|f| {
+            let name = serde_json::to_value(f.factor)
+                .expect("json")
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if f.fitted {
+                format!("{name} ×{:.3}", f.multiplier)
+            } else {
+                format!("{name} kept (no measured term depends on it)")
+            }
+        })
+        .collect();
+    // keep the benchmark's comment lines, add the fit's
+    let kept: String = std::fs::read_to_string(base_name)
+        .unwrap_or_default()
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter(|l| !l.starts_with("# Fitted"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let header = format!(
+        "{kept}# Fitted by `exatrain calibrate --fit` to {} runs ({} measured terms): {}; rms ln(predicted/measured) {:.3} -> {:.3}.\n",
+        fit.runs,
+        fit.terms,
+        describe.join(", "),
+        fit.rms_log_error_before,
+        fit.rms_log_error_after
+    );
+    let text = toml::to_string(&fit.cluster).map_err(|e| SpecError::new(format!("--out {}: {e}", out.display())))?;
+    write_atomic(&out, format!("{header}{text}").as_bytes())?;
+    if a.json {
+        println!("{}", serde_json::to_string(&fit).expect("json"));
+    } else {
+        println!("fitted {} runs ({} measured time terms):", fit.runs, fit.terms);
+        for d in &describe {
+            println!("  {d}");
+        }
+        println!(
+            "rms ln(predicted/measured): {:.3} before, {:.3} after",
+            fit.rms_log_error_before, fit.rms_log_error_after
+        );
+        println!("wrote {}", out.display());
+    }
+    Ok(())
 }
 
 fn comm_sizes(quick: bool) -> (Vec<usize>, usize) {
@@ -96,6 +190,12 @@ fn calibrate_mpi(
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
+    if !a.fit.is_empty() {
+        return run_fit(&a);
+    }
+    if a.cluster.is_some() || a.model.is_some() {
+        return Err(SpecError::new("--cluster and --model go with --fit REPORTS"));
+    }
     if a.ranks == 0 {
         return Err(SpecError::new("--ranks 0: give at least 1 (1 skips the collectives)"));
     }

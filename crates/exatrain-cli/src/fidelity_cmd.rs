@@ -6,6 +6,8 @@ use clap::Args;
 use exatrain_spec::SpecError;
 use exatrain_study::fidelity;
 
+use crate::reports;
+
 #[derive(Args)]
 pub struct FidelityArgs {
     /// A folder of `exatrain train --report` JSON files (or one such file).
@@ -20,38 +22,20 @@ pub struct FidelityArgs {
     /// Print the comparison as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Predict with this cluster (preset or TOML, e.g. one `exatrain calibrate --fit` wrote)
+    /// instead of the prediction each report carries.
+    #[arg(long)]
+    pub cluster: Option<String>,
 }
 
 pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
-    let files: Vec<PathBuf> = if a.runs.is_dir() {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&a.runs)
-            .map_err(|e| SpecError::new(format!("--runs {}: {e}", a.runs.display())))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        v.sort();
-        v
-    } else if a.runs.is_file() {
-        vec![a.runs.clone()]
-    } else {
-        return Err(SpecError::new(format!(
-            "--runs {}: no such file or folder",
-            a.runs.display()
-        )));
-    };
-    if files.is_empty() {
-        return Err(SpecError::new(format!(
-            "--runs {}: no .json reports (write them with `exatrain train --report FILE`)",
-            a.runs.display()
-        )));
-    }
-    let mut runs = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| SpecError::new(format!("{}: not JSON: {e}", f.display())))?;
-        let name = f.file_stem().map_or("run".into(), |s| s.to_string_lossy().into_owned());
-        runs.push((name, v));
+    let files = reports::files(&a.runs, "--runs")?;
+    let mut runs = reports::read(&files)?;
+    if let Some(c) = &a.cluster {
+        let cluster = exatrain_spec::load::cluster(c)?;
+        for (name, v) in &mut runs {
+            reports::replan(name, v, &cluster)?;
+        }
     }
     let fid = fidelity::compare(&runs, a.tolerance).map_err(SpecError::new)?;
     if let Some(out) = &a.out {

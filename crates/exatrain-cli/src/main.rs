@@ -4,6 +4,7 @@ mod args;
 mod calibrate_cmd;
 mod fidelity_cmd;
 mod plan_cmd;
+mod reports;
 mod study_cmd;
 mod table;
 mod train_cmd;

@@ -211,6 +211,7 @@ fn report_json(
     let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
     Ok(serde_json::json!({
         "model": spec.name,
+        "model_spec": spec,
         "layout": pc,
         "schedule": a.schedule,
         "cluster": cluster.name,

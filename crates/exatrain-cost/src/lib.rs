@@ -12,10 +12,13 @@
 //!   ops, per block and per pipeline stage;
 //! - [`comm`]: where a process group lies on the machine (which link it crosses, how many ranks
 //!   share a node's NICs) and ring/tree collective costs;
-//! - [`plan()`]: the composition into one [`Plan`].
+//! - [`plan()`]: the composition into one [`Plan`];
+//! - [`fit`]: the spec's efficiency factors fitted to measured runs (least squares on the
+//!   measured time terms).
 
 pub mod comm;
 pub mod compute;
+pub mod fit;
 pub mod flops;
 pub mod memory;
 mod plan;

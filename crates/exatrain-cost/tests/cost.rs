@@ -276,3 +276,101 @@ fn memory_savers_save_memory_and_cost_time() {
     let want = b.microbatches as f64 * (6.0 * per_block + 2.0 * 7.0 / 8.0 * msg);
     assert!(close(b.comm_bytes.tp, want, 1e-12));
 }
+
+#[test]
+fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
+    use exatrain_cost::fit::{fit, Factor, Measured};
+    let base = presets::cluster("frontier").unwrap();
+    let truth_x = [
+        (Factor::Compute, 0.55),
+        (Factor::Memory, 0.7),
+        (Factor::Bandwidth, 0.3),
+        (Factor::Latency, 3.0),
+    ];
+    let mut truth = base.clone();
+    for (f, x) in truth_x {
+        f.apply(&mut truth, x);
+    }
+    let layouts = [
+        (
+            "gpt-22b",
+            ParallelConfig {
+                zero: 1,
+                ..ParallelConfig::new(2, 2, 2, 1, 32)
+            },
+        ),
+        ("gpt-22b", ParallelConfig::new(8, 1, 1, 2, 16)),
+        (
+            "gpt-22b",
+            ParallelConfig {
+                overlap_dp: false,
+                ..ParallelConfig::new(4, 1, 2, 1, 16)
+            },
+        ),
+        (
+            "bench",
+            ParallelConfig {
+                overlap_dp: false,
+                ..ParallelConfig::new(1, 2, 4, 1, 16)
+            },
+        ),
+        ("bench", ParallelConfig::new(2, 1, 4, 2, 16)),
+    ];
+    let runs: Vec<Measured> = layouts
+        .iter()
+        .map(|(m, l)| {
+            let model = presets::model(m).unwrap();
+            let time_s = plan(&model, &truth, l).unwrap().time_s;
+            Measured {
+                name: format!("{m} {l:?}"),
+                model,
+                layout: *l,
+                time_s,
+            }
+        })
+        .collect();
+    let f = fit(&base, &runs).unwrap();
+    for (fx, (factor, want)) in f.factors.iter().zip(truth_x) {
+        assert_eq!(fx.factor, factor);
+        assert!(fx.fitted, "{factor:?} has measured terms depending on it");
+        assert!(
+            (fx.multiplier / want - 1.0).abs() < 0.02,
+            "{factor:?}: {} vs {want}",
+            fx.multiplier
+        );
+    }
+    assert!(f.rms_log_error_before > 0.3 && f.rms_log_error_after < 1e-3, "{f:?}");
+    // the fitted spec predicts the runs
+    for r in &runs {
+        let p = plan(&r.model, &f.cluster, &r.layout).unwrap();
+        assert!(close(p.time_s.compute, r.time_s.compute, 0.01), "{}", r.name);
+    }
+
+    // too few runs: says how many are needed
+    let e = fit(&base, &runs[..2]).unwrap_err().to_string();
+    assert!(e.contains("2 run report(s) given, at least 3 needed"), "{e}");
+
+    // single-device runs: nothing tells the links, so they keep their values
+    let alone: Vec<Measured> = [1u32, 2, 4]
+        .iter()
+        .map(|&mb| {
+            let model = presets::model("bench").unwrap();
+            let l = ParallelConfig::new(1, 1, 1, mb, 8);
+            Measured {
+                name: format!("mb {mb}"),
+                time_s: plan(&model, &truth, &l).unwrap().time_s,
+                model,
+                layout: l,
+            }
+        })
+        .collect();
+    let f = fit(&base, &alone).unwrap();
+    let by = |x: Factor| f.factors.iter().find(|y| y.factor == x).unwrap().clone();
+    assert!(!by(Factor::Bandwidth).fitted && by(Factor::Bandwidth).multiplier == 1.0);
+    assert!(!by(Factor::Latency).fitted);
+    assert!(
+        (by(Factor::Compute).multiplier / 0.55 - 1.0).abs() < 0.02,
+        "{:?}",
+        by(Factor::Compute)
+    );
+}

@@ -1,0 +1,278 @@
+//! Calibrating the cost model from measured runs: scale a cluster's efficiency factors so that
+//! the planner's time terms match what runs measured, by least squares on the log of each
+//! measured term (compute, tensor- and data-parallel communication, optimizer). Pipeline
+//! send time is not fitted: a trainer's non-blocking send measures only its start (the
+//! transfer shows as the receiver's wait).
+//!
+//! The factors are multipliers on the spec's numbers — GEMM peak (compute), memory bandwidth
+//! (element-wise kernels and the optimizer), link bandwidth and link latency (collectives) —
+//! fitted by Levenberg–Marquardt on their logarithms with a finite-difference Jacobian, so any
+//! nonlinearity of the model (rooflines, ring-vs-tree choice, overlap) is respected. A factor no
+//! measured term depends on keeps its value and is reported as not fitted. Pure: no IO.
+
+use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig, SpecError};
+use serde::Serialize;
+
+use crate::{plan, Times};
+
+/// One measured run: the model and layout as the planner should see them, and the mean
+/// per-step time terms measured (the busiest rank's).
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub name: String,
+    pub model: ModelSpec,
+    pub layout: ParallelConfig,
+    pub time_s: Times,
+}
+
+/// A multiplier on part of a cluster spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Factor {
+    /// device peak FLOP/s (GEMMs)
+    Compute,
+    /// device memory bandwidth (element-wise kernels, attention core, optimizer)
+    Memory,
+    /// bandwidth of every link and NIC
+    Bandwidth,
+    /// per-hop latency inside and between nodes
+    Latency,
+}
+
+pub const FACTORS: [Factor; 4] = [Factor::Compute, Factor::Memory, Factor::Bandwidth, Factor::Latency];
+
+/// Fewest runs a fit accepts.
+pub const MIN_RUNS: usize = 3;
+
+impl Factor {
+    /// `c` with this factor multiplied by `x`.
+    pub fn apply(self, c: &mut ClusterSpec, x: f64) {
+        match self {
+            Factor::Compute => {
+                c.device.peak_tflops_bf16 *= x;
+                c.device.peak_tflops_fp32 *= x;
+            }
+            Factor::Memory => c.device.hbm_gbps *= x,
+            Factor::Bandwidth => {
+                c.node.links.iter_mut().for_each(|l| l.gbps *= x);
+                c.node.nic_gbps *= x;
+            }
+            Factor::Latency => {
+                c.network.intra_latency_us *= x;
+                c.network.inter_latency_us *= x;
+            }
+        }
+    }
+}
+
+/// One fitted (or kept) factor.
+#[derive(Debug, Clone, Serialize)]
+pub struct FactorFit {
+    pub factor: Factor,
+    /// the multiplier applied to the input spec (1 when not fitted)
+    pub multiplier: f64,
+    /// false: no measured term depends on it, so it kept its value
+    pub fitted: bool,
+}
+
+/// The result of a fit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fit {
+    #[serde(skip)]
+    pub cluster: ClusterSpec,
+    pub factors: Vec<FactorFit>,
+    pub runs: usize,
+    /// measured terms used
+    pub terms: usize,
+    /// root-mean-square of ln(predicted / measured) over the terms, before and after
+    pub rms_log_error_before: f64,
+    pub rms_log_error_after: f64,
+}
+
+/// The time terms compared, by name.
+const TERMS: [&str; 4] = ["compute", "tp_comm", "dp_comm", "optimizer"];
+
+fn term(t: &Times, i: usize) -> f64 {
+    [t.compute, t.tp_comm, t.dp_comm, t.optimizer][i]
+}
+
+fn predict(c: &ClusterSpec, run: &Measured) -> Result<Times, SpecError> {
+    plan(&run.model, c, &run.layout)
+        .map(|p| p.time_s)
+        .map_err(|e| SpecError::new(format!("run {}: the planner rejects its layout: {e}", run.name)))
+}
+
+/// Which terms of each run are fitted: measured, and predicted by the base spec (a term the
+/// model prices at zero, e.g. a fully hidden reduction, no factor can explain).
+fn used_terms(base: &ClusterSpec, runs: &[Measured]) -> Result<Vec<[bool; 4]>, SpecError> {
+    runs.iter()
+        .map(|run| {
+            let p = predict(base, run)?;
+            Ok(std::array::from_fn(|i| term(&run.time_s, i) > 0.0 && term(&p, i) > 0.0))
+        })
+        .collect()
+}
+
+/// ln(predicted/measured) of the `used` terms of every run under cluster `c`.
+fn residuals(c: &ClusterSpec, runs: &[Measured], used: &[[bool; 4]]) -> Result<Vec<f64>, SpecError> {
+    let mut r = Vec::new();
+    for (run, u) in runs.iter().zip(used) {
+        let p = predict(c, run)?;
+        for i in (0..TERMS.len()).filter(|i| u[*i]) {
+            r.push((term(&p, i).max(1e-12) / term(&run.time_s, i)).ln());
+        }
+    }
+    Ok(r)
+}
+
+fn scaled(base: &ClusterSpec, free: &[Factor], theta: &[f64]) -> ClusterSpec {
+    let mut c = base.clone();
+    for (f, t) in free.iter().zip(theta) {
+        f.apply(&mut c, t.exp());
+    }
+    c
+}
+
+fn rms(r: &[f64]) -> f64 {
+    (r.iter().map(|x| x * x).sum::<f64>() / r.len().max(1) as f64).sqrt()
+}
+
+/// Solve the small dense system `a x = b` (Gaussian elimination with partial pivoting).
+fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+    let n = b.len();
+    for col in 0..n {
+        let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, piv);
+        b.swap(col, piv);
+        for row in col + 1..n {
+            let f = a[row][col] / a[col][col];
+            for k in col..n {
+                a[row][k] -= f * a[col][k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = vec![0.0; n];
+    for i in (0..n).rev() {
+        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
+        x[i] = (b[i] - s) / a[i][i];
+    }
+    Some(x)
+}
+
+/// Fit `base`'s factors to `runs`. Errors: fewer than [`MIN_RUNS`] runs, a layout the planner
+/// rejects, or nothing measured.
+pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
+    if runs.len() < MIN_RUNS {
+        return Err(SpecError::new(format!(
+            "calibrate --fit: {} run report(s) given, at least {MIN_RUNS} needed to fit {} factors \
+             (compute, memory, link bandwidth, latency) — run `exatrain train --report` on more layouts",
+            runs.len(),
+            FACTORS.len()
+        )));
+    }
+    let used = used_terms(base, runs)?;
+    let residuals = |c: &ClusterSpec| residuals(c, runs, &used);
+    let r0 = residuals(base)?;
+    if r0.is_empty() {
+        return Err(SpecError::new(
+            "calibrate --fit: the reports measured no time term that the planner prices",
+        ));
+    }
+    // which factors some measured term depends on
+    let h = 0.05f64;
+    let sens = |f: Factor| -> Result<f64, SpecError> {
+        let mut c = base.clone();
+        f.apply(&mut c, h.exp());
+        let r = residuals(&c)?;
+        Ok(r.iter().zip(&r0).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
+    };
+    let mut free = Vec::new();
+    for f in FACTORS {
+        if sens(f)? > 1e-4 {
+            free.push(f);
+        }
+    }
+    let mut theta = vec![0.0f64; free.len()];
+    let mut r = r0.clone();
+    let mut lambda = 1e-3;
+    for _ in 0..60 {
+        if free.is_empty() {
+            break;
+        }
+        // Jacobian by forward differences in log space
+        let cols: Vec<Vec<f64>> = (0..free.len())
+            .map(|j| {
+                let mut t = theta.clone();
+                t[j] += 1e-4;
+                residuals(&scaled(base, &free, &t)).map(|rj| rj.iter().zip(&r).map(|(a, b)| (a - b) / 1e-4).collect())
+            })
+            .collect::<Result<_, _>>()?;
+        let n = free.len();
+        let jtj: Vec<Vec<f64>> = (0..n)
+            .map(|i| {
+                (0..n)
+                    .map(|k| cols[i].iter().zip(&cols[k]).map(|(a, b)| a * b).sum())
+                    .collect()
+            })
+            .collect();
+        let jtr: Vec<f64> = (0..n)
+            .map(|i| -cols[i].iter().zip(&r).map(|(a, b)| a * b).sum::<f64>())
+            .collect();
+        let mut improved = false;
+        for _ in 0..10 {
+            let mut a = jtj.clone();
+            for (i, row) in a.iter_mut().enumerate() {
+                row[i] += lambda * (jtj[i][i] + 1e-12);
+            }
+            let Some(step) = solve(a, jtr.clone()) else {
+                lambda *= 10.0;
+                continue;
+            };
+            let t: Vec<f64> = theta
+                .iter()
+                .zip(&step)
+                .map(|(a, b)| (a + b).clamp(-12.0, 12.0))
+                .collect();
+            let rt = residuals(&scaled(base, &free, &t))?;
+            if rms(&rt) < rms(&r) {
+                let gain = rms(&r) - rms(&rt);
+                (theta, r) = (t, rt);
+                lambda = (lambda / 3.0).max(1e-9);
+                improved = gain > 1e-10;
+                break;
+            }
+            lambda *= 10.0;
+        }
+        if !improved {
+            break;
+        }
+    }
+    let cluster = scaled(base, &free, &theta);
+    let factors = FACTORS
+        .iter()
+        .map(|&f| match free.iter().position(|x| *x == f) {
+            Some(j) => FactorFit {
+                factor: f,
+                multiplier: theta[j].exp(),
+                fitted: true,
+            },
+            None => FactorFit {
+                factor: f,
+                multiplier: 1.0,
+                fitted: false,
+            },
+        })
+        .collect();
+    Ok(Fit {
+        cluster,
+        factors,
+        runs: runs.len(),
+        terms: r.len(),
+        rms_log_error_before: rms(&r0),
+        rms_log_error_after: rms(&r),
+    })
+}
