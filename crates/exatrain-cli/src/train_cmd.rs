@@ -52,6 +52,9 @@ pub struct TrainArgs {
     /// Checkpoint every this many steps (and at the end).
     #[arg(long, default_value_t = 100)]
     pub ckpt_every: u64,
+    /// Write no checkpoint at all (a tuner's trial run).
+    #[arg(long)]
+    pub no_ckpt: bool,
     /// Seeds the initialization and the data sampler.
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
@@ -109,8 +112,9 @@ pub struct TrainArgs {
     /// depend on it; for times pass the file `exatrain calibrate --out` wrote).
     #[arg(long, default_value = "frontier")]
     pub cluster: String,
-    /// With a parallel run: write the measured per-rank and aggregate breakdown, and the
-    /// planner's numbers for the same layout (same names), to this JSON file.
+    /// Write the measured per-rank and aggregate breakdown, the planner's numbers for the same
+    /// layout (same names) and the measured tokens/s to this JSON file (runs the parallel
+    /// engine, also on one rank).
     #[arg(long)]
     pub report: Option<PathBuf>,
     /// Run as one rank of this MPI job (`mpirun -n N exatrain train --mpi --tp …`); needs a
@@ -120,10 +124,16 @@ pub struct TrainArgs {
 }
 
 fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
-    let dir = a.out.join("data");
-    let source = match &a.data {
-        Some(p) if p.is_dir() => return Ok(p.clone()),
-        Some(p) if p.is_file() => p.clone(),
+    prepare_data(a.data.as_deref(), &a.out, vocab)
+}
+
+/// The tokenized data of a run in `out`: `data` if it is a prepared folder, else `data` (a text
+/// file, or the bundled corpus when None) tokenized into `out/data` unless already there.
+pub fn prepare_data(data: Option<&Path>, out: &Path, vocab: u32) -> Result<PathBuf, SpecError> {
+    let dir = out.join("data");
+    let source = match data {
+        Some(p) if p.is_dir() => return Ok(p.to_path_buf()),
+        Some(p) if p.is_file() => p.to_path_buf(),
         Some(p) => {
             return Err(SpecError::new(format!(
                 "--data {}: no such file or folder",
@@ -131,11 +141,11 @@ fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
             )))
         }
         None => {
-            std::fs::create_dir_all(&a.out)
-                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", a.out.display())))?;
-            let p = a.out.join("devils-dictionary.txt");
+            std::fs::create_dir_all(out)
+                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
+            let p = out.join("devils-dictionary.txt");
             if !p.is_file() {
-                std::fs::write(&p, CORPUS).map_err(|e| SpecError::new(format!("--out {}: {e}", a.out.display())))?;
+                std::fs::write(&p, CORPUS).map_err(|e| SpecError::new(format!("--out {}: {e}", out.display())))?;
             }
             p
         }
@@ -209,14 +219,16 @@ fn report_json(
     let cluster = load::cluster(&a.cluster)?;
     let (trained, layout) = parallel::as_trained(spec, pc);
     let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
+    let measured = parallel::aggregate(reports);
     Ok(serde_json::json!({
+        "tokens_per_s": (pc.global_batch as f64 * spec.seq_len as f64) / measured.step_s,
         "model": spec.name,
         "model_spec": spec,
         "layout": pc,
         "schedule": a.schedule,
         "cluster": cluster.name,
         "ranks": reports,
-        "measured": parallel::aggregate(reports),
+        "measured": measured,
         "planned": {
             "step_time_s": planned.step_time_s,
             "time_s": planned.time_s,
@@ -224,6 +236,14 @@ fn report_json(
             "memory_bytes": planned.memory_bytes,
         },
     }))
+}
+
+/// `--report FILE`, written atomically (its folder made if missing).
+fn write_report(path: &Path, rep: &serde_json::Value) -> Result<(), SpecError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--report {}: {e}", path.display())))?;
+    }
+    exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(rep).expect("json").as_bytes())
 }
 
 /// `--bucket-mb` as fp32 elements.
@@ -246,6 +266,7 @@ struct Job {
     data: PathBuf,
     start: Option<Start>,
     out: PathBuf,
+    checkpoints: bool,
 }
 
 /// The run to start or resume, checked against a world of `world` ranks before any work.
@@ -296,6 +317,7 @@ fn job(a: &TrainArgs, world: usize, prepare_data: bool) -> Result<Job, SpecError
         data,
         start,
         out,
+        checkpoints: !a.no_ckpt,
     })
 }
 
@@ -338,7 +360,7 @@ fn run_rank(j: &Job, world: &dyn Communicator) -> Result<RankResult, SpecError> 
         schedule: j.schedule,
         bucket_elems: j.bucket_elems,
         start: j.start.clone(),
-        on_checkpoint: Some(&save),
+        on_checkpoint: if j.checkpoints { Some(&save) } else { None },
         on_step: Some(&print),
     };
     parallel::train(&j.spec, &j.cfg, &j.pc, &opts, &j.data, world)
@@ -385,7 +407,7 @@ fn run_in_process(a: &TrainArgs) -> Result<(), SpecError> {
     if let Some(path) = &a.report {
         let reports: Vec<RankReport> = results.iter().map(|r| r.report.clone()).collect();
         let rep = report_json(a, &j.spec, &j.pc, &reports)?;
-        exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(&rep).expect("json").as_bytes())?;
+        write_report(path, &rep)?;
     }
     summary(&j, &results[0], t0.elapsed().as_secs_f64());
     Ok(())
@@ -435,7 +457,7 @@ fn run_mpi(a: &TrainArgs) -> Result<(), SpecError> {
     if comm.rank() == 0 {
         if let Some(path) = &a.report {
             let rep = report_json(a, &j.spec, &j.pc, &reports)?;
-            exatrain_tune::store::write_atomic(path, serde_json::to_string_pretty(&rep).expect("json").as_bytes())?;
+            write_report(path, &rep)?;
         }
         summary(&j, &r, t0.elapsed().as_secs_f64());
     }
@@ -456,7 +478,9 @@ pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
     if a.ranks == 0 {
         return Err(SpecError::new("--ranks must be a positive integer"));
     }
-    if a.ranks > 1 || a.tp > 1 || a.pp > 1 || a.dp.is_some_and(|d| d > 1) {
+    // a report (or a run without checkpoints) comes from the parallel engine, even on one rank
+    let parallel = a.ranks > 1 || a.tp > 1 || a.pp > 1 || a.dp.is_some_and(|d| d > 1);
+    if parallel || a.report.is_some() || a.no_ckpt {
         return run_in_process(&a);
     }
     let mut trainer = match &a.resume {

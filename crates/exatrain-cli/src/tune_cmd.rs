@@ -31,6 +31,9 @@ pub enum EvaluatorArg {
     Model,
     /// An external command per trial (--eval-cmd).
     Command,
+    /// A short run of exatrain's own trainer per trial (--launcher, --trial-steps); the
+    /// throughput is read from the run's --report.
+    Train,
 }
 
 #[derive(Args, Clone)]
@@ -81,6 +84,18 @@ pub struct TuneArgs {
     /// Trials run at once.
     #[arg(long, default_value_t = 1)]
     pub parallel_trials: usize,
+    /// With --evaluator train: how to start a trial's ranks, e.g. 'mpirun -n {gpus}
+    /// --oversubscribe' (the trainer then runs with --mpi); empty: in-process ranks (--ranks {gpus}).
+    #[arg(long, default_value = "")]
+    pub launcher: String,
+    /// With --evaluator train: optimizer steps per trial (the first is warm-up, not timed).
+    #[arg(long, default_value_t = 3)]
+    pub trial_steps: u64,
+    /// With --strategy bayes: seed the search with the cost model on this cluster (a preset,
+    /// or the file `exatrain calibrate --fit` wrote): the model's best layouts are the initial
+    /// design, and the surrogate learns how far the measurements are from the model.
+    #[arg(long)]
+    pub prior: Option<String>,
     /// Largest micro-batch considered.
     #[arg(long, default_value_t = 16)]
     pub max_micro_batch: u32,
@@ -126,6 +141,12 @@ struct Meta {
     timeout: f64,
     metric_key: String,
     metric_regex: Option<String>,
+    #[serde(default)]
+    launcher: String,
+    #[serde(default)]
+    trial_steps: u64,
+    #[serde(default)]
+    prior: Option<ClusterSpec>,
 }
 
 fn parse_list<T>(s: &str, flag: &str, f: impl Fn(&str) -> Result<T, SpecError>) -> Result<Vec<T>, SpecError> {
@@ -209,6 +230,85 @@ fn print_table(rows: &[(Ranked, Option<f64>)]) {
     }
 }
 
+/// The layouts exatrain's trainer runs: fp32, no flash attention, ZeRO 0-2.
+fn trainer_space(s: &mut SpaceSpec) -> Result<(), SpecError> {
+    s.dtype = exatrain_spec::Dtype::Fp32;
+    s.flash_attention = vec![false];
+    s.zero.retain(|z| *z <= 2);
+    if s.zero.is_empty() {
+        return Err(SpecError::new(
+            "--zero: the trainer implements ZeRO 0, 1 and 2 (allowed with --evaluator train: 0,1,2)",
+        ));
+    }
+    Ok(())
+}
+
+/// Single-quoted for `sh -c`.
+fn quote(p: &std::path::Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+/// `--evaluator train`: the command template of a trial run and where its throughput is. The
+/// model, the cluster and the tokenized corpus are written into `dir` once, so every trial
+/// trains the same spec on the same data.
+fn train_eval(meta: &Meta, dir: &std::path::Path) -> Result<(String, Metric), SpecError> {
+    let exe = std::env::current_exe().map_err(|e| SpecError::new(format!("cannot find the exatrain binary: {e}")))?;
+    let write = |name: &str, v: String| -> Result<std::path::PathBuf, SpecError> {
+        let p = dir.join(name);
+        exatrain_tune::store::write_atomic(&p, v.as_bytes())?;
+        Ok(p)
+    };
+    let model = write("model.json", serde_json::to_string_pretty(&meta.model).expect("json"))?;
+    let cluster = write(
+        "cluster.json",
+        serde_json::to_string_pretty(&meta.cluster).expect("json"),
+    )?;
+    let data = crate::train_cmd::prepare_data(None, dir, meta.model.vocab)?;
+    let trials = dir.join("trials");
+    let ranks = if meta.launcher.trim().is_empty() {
+        "--ranks {gpus}"
+    } else {
+        "--mpi"
+    };
+    let template = format!(
+        "{launcher} {exe} train --model {model} --data {data} --cluster {cluster} --tp {{tp}} --pp {{pp}} --dp {{dp}} \
+         --micro-batch {{micro_batch}} --global-batch {{global_batch}} --zero {{zero}} --recompute {{recompute}} \
+         --sequence-parallel {{sequence_parallel}} --virtual-stages {{virtual_stages}} --order {{order}} \
+         --steps {steps} --warmup 0 --eval-every {never} --no-ckpt --json {ranks} \
+         --out {trials}/{{trial}} --report {trials}/{{trial}}/report.json",
+        launcher = meta.launcher,
+        exe = quote(&exe),
+        model = quote(&model),
+        data = quote(&data),
+        cluster = quote(&cluster),
+        steps = meta.trial_steps,
+        never = meta.trial_steps + 1,
+        trials = quote(&trials),
+    );
+    let metric = Metric::JsonFile {
+        path: format!("{}/{{trial}}/report.json", trials.display()),
+        pointer: "/tokens_per_s".into(),
+    };
+    Ok((template, metric))
+}
+
+/// ln(predicted tokens/s) of every layout on the `prior` cluster, NaN where it does not fit.
+fn prior_of(meta: &Meta, space: &[ParallelConfig], prior: &ClusterSpec) -> Vec<f64> {
+    space
+        .iter()
+        .map(|c| {
+            let (m, l) = match meta.evaluator {
+                EvaluatorArg::Train => exatrain_train::parallel::as_trained(&meta.model, c),
+                _ => (meta.model.clone(), *c),
+            };
+            match plan(&m, prior, &l) {
+                Ok(p) if p.fits => p.tokens_per_s.ln(),
+                _ => f64::NAN,
+            }
+        })
+        .collect()
+}
+
 fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     let mut s = SpaceSpec::new(gpus, 1);
     s.global_batches = parse_list(&a.global_batch, "global-batch", |x| positive(x, "global-batch"))?;
@@ -232,6 +332,9 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
         s.sequence_parallel = vec![false];
     }
     s.interleave = !a.no_interleave;
+    if a.evaluator == EvaluatorArg::Train {
+        trainer_space(&mut s)?;
+    }
     Ok(s)
 }
 
@@ -255,7 +358,7 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
     match a.strategy {
         StrategyArg::Exhaustive => {
             if a.evaluator != EvaluatorArg::Model {
-                return Err(SpecError::new("--strategy exhaustive runs on the cost model; use --strategy bayes or random with --evaluator command"));
+                return Err(SpecError::new("--strategy exhaustive runs on the cost model; use --strategy bayes or random with --evaluator command or train"));
             }
             exhaustive_cmd(&a, &model, &cluster, &gpu_list)
         }
@@ -279,12 +382,33 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                 timeout: a.timeout,
                 metric_key: a.metric_key.clone(),
                 metric_regex: a.metric_regex.clone(),
+                launcher: a.launcher.clone(),
+                trial_steps: a.trial_steps,
+                prior: a.prior.as_deref().map(exatrain_spec::load::cluster).transpose()?,
             };
+            if meta.prior.is_some() && meta.strategy != StrategyArg::Bayes {
+                return Err(SpecError::new(
+                    "--prior seeds the Bayesian search: use it with --strategy bayes",
+                ));
+            }
+            if meta.evaluator == EvaluatorArg::Train {
+                if a.out.is_none() {
+                    return Err(SpecError::new(
+                        "--evaluator train needs --out DIR (the trial runs and the results store go there)",
+                    ));
+                }
+                if meta.trial_steps < 2 {
+                    return Err(SpecError::new(format!(
+                        "--trial-steps {}: at least 2 (the first step is warm-up and not timed)",
+                        meta.trial_steps
+                    )));
+                }
+            }
             let store = match &a.out {
                 Some(dir) => Some(Store::create(dir, &meta)?),
                 None => None,
             };
-            black_box_search(&a, &meta, store, Vec::new())
+            black_box_search(&a, &meta, store, a.out.as_deref(), Vec::new())
         }
     }
 }
@@ -298,7 +422,7 @@ fn resume(a: TuneArgs, dir: PathBuf) -> Result<(), SpecError> {
     if !a.json {
         eprintln!("resuming {}: {} trials already done", dir.display(), history.len());
     }
-    black_box_search(&a, &meta, Some(store), history)
+    black_box_search(&a, &meta, Some(store), Some(&dir), history)
 }
 
 /// `--out DIR`: the result as `DIR/tune.json`, written atomically.
@@ -407,7 +531,13 @@ fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_li
     Ok(())
 }
 
-fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history: Vec<Trial>) -> Result<(), SpecError> {
+fn black_box_search(
+    a: &TuneArgs,
+    meta: &Meta,
+    mut store: Option<Store>,
+    dir: Option<&std::path::Path>,
+    history: Vec<Trial>,
+) -> Result<(), SpecError> {
     let (model, cluster, s) = (&meta.model, &meta.cluster, &meta.space);
     if let Some(why) = space::why_empty(model, s) {
         return Err(SpecError::new(why));
@@ -436,6 +566,12 @@ fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history
             command = CommandEval::new(t, cluster.node.devices, Duration::from_secs_f64(meta.timeout), metric)?;
             &command
         }
+        EvaluatorArg::Train => {
+            let dir = dir.ok_or_else(|| SpecError::new("--evaluator train needs --out DIR"))?;
+            let (t, metric) = train_eval(meta, dir)?;
+            command = CommandEval::new(&t, cluster.node.devices, Duration::from_secs_f64(meta.timeout), metric)?;
+            &command
+        }
     };
     let strategy = if meta.strategy == StrategyArg::Random {
         Strategy::Random
@@ -445,6 +581,7 @@ fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history
     let mut settings = Settings::new(strategy, meta.budget, meta.seed);
     settings.initial = meta.initial;
     settings.parallel = meta.parallel_trials;
+    settings.prior = meta.prior.as_ref().map(|p| prior_of(meta, &space, p));
     let done = history.len() as u64;
     let pb = progress_bar(meta.budget.min(space.len()) as u64, "trials");
     pb.set_position(done);
@@ -471,6 +608,11 @@ fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history
         })
         .collect();
     let failed = trials.len() - ok.len();
+    // trials until the best was first seen (the count to compare with and without --prior)
+    let best_at = ok
+        .first()
+        .and_then(|(b, _)| trials.iter().position(|t| t.id == b.id))
+        .map(|i| i + 1);
     if a.json {
         let out = serde_json::json!({
             "model": model.name,
@@ -479,18 +621,24 @@ fn black_box_search(a: &TuneArgs, meta: &Meta, mut store: Option<Store>, history
             "feasible": ok.len(),
             "failed": failed,
             "space": space.len(),
+            "prior": meta.prior.as_ref().map(|p| p.name.clone()),
+            "best_at_trial": best_at,
             "best": rows.iter().map(|(r, v)| row(r, *v)).collect::<Vec<_>>(),
         });
         println!("{out}");
         return Ok(());
     }
     println!(
-        "{} on {} GPUs: {} trials ({} failed or out of memory) over a space of {} layouts",
+        "{} on {} GPUs: {} trials ({} failed or out of memory) over a space of {} layouts{}; best found at trial {}",
         model.name,
         s.gpus,
         trials.len(),
         failed,
-        space.len()
+        space.len(),
+        meta.prior
+            .as_ref()
+            .map_or(String::new(), |p| format!(", seeded by the cost model on {}", p.name)),
+        best_at.map_or("-".into(), |n| n.to_string())
     );
     print_table(&rows);
     Ok(())

@@ -10,6 +10,10 @@
 //!   success, so the surrogate learns to avoid their region.
 //! - Parallel trials: q workers; while trials are pending, the surrogate sees them at the worst
 //!   observed value (constant liar, CL-min), so concurrent proposals spread out.
+//! - Prior (optional): a cost model's prediction for every layout. The initial design is then
+//!   the model's best layouts instead of random ones, and the surrogate learns the residual
+//!   ln(measured) − ln(predicted), so an untried layout is expected to do what the model says,
+//!   corrected by what the trials so far taught.
 //! - Reproducible: proposal i draws from an RNG seeded by (seed, i); with one worker a seed
 //!   fixes the whole search, and a resumed search proposes what the uninterrupted one would have.
 
@@ -83,6 +87,9 @@ pub struct Settings {
     pub global_every: u64,
     /// Trust-region radius: knobs a local proposal may change at once.
     pub radius: usize,
+    /// ln(predicted throughput) per layout of the space (same order), NaN where the model
+    /// expects it not to run; None for a cold start.
+    pub prior: Option<Vec<f64>>,
 }
 
 impl Settings {
@@ -100,6 +107,7 @@ impl Settings {
             pool: 2000,
             global_every: 4,
             radius: 2,
+            prior: None,
         }
     }
 }
@@ -158,6 +166,8 @@ struct State<'a> {
     settings: &'a Settings,
     done: Vec<(usize, Option<f64>)>, // (space index, ln value or None for a failure)
     taken: HashSet<u128>,
+    /// ln(predicted throughput) per layout; all zeros without a prior
+    prior: Vec<f64>,
 }
 
 impl<'a> State<'a> {
@@ -190,16 +200,35 @@ impl<'a> State<'a> {
         })
     }
 
+    /// The untried layout the prior rates best (ties: the smaller key).
+    fn best_by_prior(&self) -> Option<usize> {
+        (0..self.space.len())
+            .filter(|i| !self.taken.contains(&self.keys[*i]))
+            .max_by(|a, b| {
+                self.prior[*a]
+                    .total_cmp(&self.prior[*b])
+                    .then_with(|| self.keys[*b].cmp(&self.keys[*a]))
+            })
+    }
+
     /// Proposal number `n`, with `pending` space indices still running.
     fn propose(&self, n: u64, pending: &[usize]) -> Option<usize> {
         let mut rng = rng_for(self.settings.seed, n);
-        let successes: Vec<f64> = self.done.iter().filter_map(|d| d.1).collect();
-        if self.settings.strategy == Strategy::Random
-            || self.done.len() + pending.len() < self.settings.initial
-            || successes.is_empty()
-        {
+        let successes: Vec<f64> = self
+            .done
+            .iter()
+            .filter_map(|&(i, v)| v.map(|v| v - self.prior[i]))
+            .collect();
+        if self.settings.strategy == Strategy::Random {
             return self.random_free(&mut rng);
         }
+        if self.done.len() + pending.len() < self.settings.initial || successes.is_empty() {
+            return match self.settings.prior {
+                Some(_) => self.best_by_prior(),
+                None => self.random_free(&mut rng),
+            };
+        }
+        // Targets are residuals from the prior (the plain ln values without one).
         let lo = successes.iter().cloned().fold(f64::INFINITY, f64::min);
         // Two surrogates: ln(throughput) on the trials that ran (pending ones at the worst value:
         // the constant liar), and the probability that a layout runs at all (fits, does not crash).
@@ -210,7 +239,7 @@ impl<'a> State<'a> {
         for &(i, v) in &self.done {
             if let Some(v) = v {
                 xs.push(self.x[i].clone());
-                ys.push(v);
+                ys.push(v - self.prior[i]);
             }
             xf.push(self.x[i].clone());
             yf.push(if v.is_some() { 1.0 } else { 0.0 });
@@ -228,7 +257,8 @@ impl<'a> State<'a> {
         let progress = (n as f64 / self.settings.budget.max(1) as f64).min(1.0);
         let kappa = self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
         let score = |i: usize| {
-            let (mu, sigma) = value.predict(&self.x[i]);
+            let (residual, sigma) = value.predict(&self.x[i]);
+            let mu = self.prior[i] + residual;
             // Optimistic about feasibility too: an untried region is not written off.
             let (p_run, p_sigma) = runs.predict(&self.x[i]);
             mu + kappa * sigma + (p_run + kappa * p_sigma).clamp(0.01, 1.0).ln()
@@ -298,6 +328,30 @@ pub fn run(
     }
     let x: Vec<Vec<f64>> = space.iter().map(features).collect();
     let keys: Vec<u128> = space.iter().map(cfg_key).collect();
+    let prior = match &settings.prior {
+        None => vec![0.0; space.len()],
+        Some(p) if p.len() != space.len() => {
+            return Err(SpecError::new(format!(
+                "the prior rates {} layouts, the space has {}",
+                p.len(),
+                space.len()
+            )))
+        }
+        Some(p) => {
+            // a layout the model expects to fail is rated below the worst it expects to run
+            let worst = p
+                .iter()
+                .cloned()
+                .filter(|v| v.is_finite())
+                .fold(f64::INFINITY, f64::min);
+            let floor = if worst.is_finite() {
+                worst - std::f64::consts::LN_2
+            } else {
+                0.0
+            };
+            p.iter().map(|v| if v.is_finite() { *v } else { floor }).collect()
+        }
+    };
     let mut st = State {
         space,
         x,
@@ -305,6 +359,7 @@ pub fn run(
         settings,
         done: Vec::new(),
         taken: HashSet::new(),
+        prior,
     };
     let mut trials = Vec::new();
     let mut next_id = 0u64;

@@ -78,6 +78,30 @@ pub const PLACEHOLDERS: &[&str] = &[
     "trial",
 ];
 
+/// Every `{name}` in `template` is one of [`PLACEHOLDERS`]; `what` names the template in errors.
+fn check_placeholders(template: &str, what: &str) -> Result<(), SpecError> {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            return Err(SpecError::new(format!("{what}: unclosed '{{' in `{template}`")));
+        };
+        let name = &after[..close];
+        if !PLACEHOLDERS.contains(&name) {
+            return Err(SpecError::new(format!(
+                "{what}: unknown placeholder {{{name}}} (allowed: {})",
+                PLACEHOLDERS
+                    .iter()
+                    .map(|p| format!("{{{p}}}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
+}
+
 /// Where the throughput is in a command's output.
 #[derive(Debug, Clone)]
 pub enum Metric {
@@ -85,6 +109,9 @@ pub enum Metric {
     JsonKey(String),
     /// The last match of this regex; its first capture group (or the whole match) is the number.
     Regex(regex::Regex),
+    /// The number at JSON `pointer` (e.g. `/tokens_per_s`) in the file the trial wrote at `path`
+    /// (a template with the command's placeholders, e.g. `runs/{trial}/report.json`).
+    JsonFile { path: String, pointer: String },
 }
 
 /// An external command per trial, e.g.
@@ -99,24 +126,9 @@ pub struct CommandEval {
 impl CommandEval {
     /// Check the template's placeholders up front.
     pub fn new(template: &str, devices_per_node: u32, timeout: Duration, metric: Metric) -> Result<Self, SpecError> {
-        let mut rest = template;
-        while let Some(open) = rest.find('{') {
-            let after = &rest[open + 1..];
-            let Some(close) = after.find('}') else {
-                return Err(SpecError::new(format!("--eval-cmd: unclosed '{{' in `{template}`")));
-            };
-            let name = &after[..close];
-            if !PLACEHOLDERS.contains(&name) {
-                return Err(SpecError::new(format!(
-                    "--eval-cmd: unknown placeholder {{{name}}} (allowed: {})",
-                    PLACEHOLDERS
-                        .iter()
-                        .map(|p| format!("{{{p}}}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            rest = &after[close + 1..];
+        check_placeholders(template, "--eval-cmd")?;
+        if let Metric::JsonFile { path, .. } = &metric {
+            check_placeholders(path, "the report path")?;
         }
         if timeout.is_zero() {
             return Err(SpecError::new("--timeout must be positive"));
@@ -131,6 +143,11 @@ impl CommandEval {
 
     /// The command line for one trial.
     pub fn render(&self, c: &ParallelConfig, trial: u64) -> String {
+        self.fill(&self.template, c, trial)
+    }
+
+    /// `template` with the placeholders of one trial filled in.
+    fn fill(&self, template: &str, c: &ParallelConfig, trial: u64) -> String {
         let b = |x: bool| if x { "1" } else { "0" }.to_string();
         let values = [
             ("gpus", c.gpus().to_string()),
@@ -149,15 +166,20 @@ impl CommandEval {
             ("order", c.order.to_string()),
             ("trial", trial.to_string()),
         ];
-        let mut s = self.template.clone();
+        let mut s = template.to_string();
         for (k, v) in values {
             s = s.replace(&format!("{{{k}}}"), &v);
         }
         s
     }
 
-    fn parse(&self, out: &str) -> Option<f64> {
+    fn parse(&self, out: &str, c: &ParallelConfig, trial: u64) -> Option<f64> {
         match &self.metric {
+            Metric::JsonFile { path, pointer } => {
+                let text = std::fs::read_to_string(self.fill(path, c, trial)).ok()?;
+                let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+                v.pointer(pointer)?.as_f64()
+            }
             Metric::JsonKey(key) => out.lines().rev().find_map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l.trim()).ok()?;
                 v.get(key)?.as_f64()
@@ -259,7 +281,7 @@ impl Evaluator for CommandEval {
                 ),
             };
         }
-        match self.parse(&all) {
+        match self.parse(&all, cfg, trial) {
             Some(v) if v.is_finite() => Outcome::Ok { value: v },
             _ => Outcome::Failed {
                 message: match &self.metric {
@@ -268,6 +290,9 @@ impl Evaluator for CommandEval {
                     }
                     Metric::Regex(r) => {
                         format!("no number matching /{}/ in the output", r.as_str())
+                    }
+                    Metric::JsonFile { path, pointer } => {
+                        format!("no number at {pointer} in {}", self.fill(path, cfg, trial))
                     }
                 },
             },

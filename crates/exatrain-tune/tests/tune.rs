@@ -342,3 +342,96 @@ fn store_survives_a_torn_write_and_rejects_corruption() {
     let err = Store::open::<serde_json::Value>(&dir).err().unwrap();
     assert!(err.0.contains("line 2") && err.0.contains("corrupt"), "{err}");
 }
+
+#[test]
+fn a_miscalibrated_cost_model_as_prior_needs_fewer_trials_than_a_cold_start() {
+    // The truth: the cost model on Frontier. The prior: the same model on a Frontier whose
+    // links are half as fast and whose GEMMs reach 80 % of what they do (a poor calibration).
+    let m = presets::model("gpt-22b").unwrap();
+    let truth = presets::cluster("frontier").unwrap();
+    let mut wrong = truth.clone();
+    exatrain_cost::fit::Factor::Compute.apply(&mut wrong, 0.8);
+    exatrain_cost::fit::Factor::Bandwidth.apply(&mut wrong, 0.5);
+    let s = SpaceSpec {
+        orders: vec![RankOrder::default()],
+        ..SpaceSpec::new(128, 512)
+    };
+    let space: Vec<_> = space::configs(&m, &s).collect();
+    let optimum = exhaustive::search(&m, &truth, &s, 1, &|_| {}).best[0].plan.tokens_per_s;
+    let prior: Vec<f64> = space
+        .iter()
+        .map(|c| match plan(&m, &wrong, c) {
+            Ok(p) if p.fits => p.tokens_per_s.ln(),
+            _ => f64::NAN,
+        })
+        .collect();
+    let eval = CostModel {
+        model: &m,
+        cluster: &truth,
+    };
+    let trials = |seed: u64, prior: Option<Vec<f64>>| {
+        let mut st = Settings::new(Strategy::Bayes, 30, seed);
+        st.prior = prior;
+        let t = bayes::run(&space, &eval, &st, Vec::new(), &mut |_| Ok(())).unwrap();
+        bayes::trials_to_reach(&t, optimum, 0.02).unwrap_or(31)
+    };
+    let median = |mut v: Vec<usize>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let cold = median((0..3).map(|s| trials(s, None)).collect());
+    let warm = median((0..3).map(|s| trials(s, Some(prior.clone()))).collect());
+    eprintln!("trials to within 2 %: {warm} with the prior, {cold} without");
+    assert!(
+        warm < cold,
+        "trials to within 2 %: {warm} with the prior, {cold} without"
+    );
+    assert!(warm <= 12, "{warm}");
+    // the prior must rate the search's own space
+    let mut st = Settings::new(Strategy::Bayes, 5, 0);
+    st.prior = Some(vec![0.0; 3]);
+    let e = bayes::run(&space, &eval, &st, Vec::new(), &mut |_| Ok(()))
+        .err()
+        .unwrap();
+    assert!(e.0.contains("the prior rates 3 layouts"), "{e}");
+}
+
+#[test]
+fn the_throughput_may_come_from_a_file_the_trial_writes() {
+    let dir = std::env::temp_dir().join(format!("exatrain-jsonfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = ParallelConfig::new(2, 1, 4, 1, 8);
+    let writer = script(&dir, "w.sh", r#"echo "{\"measured\": {\"tps\": $2}}" > "$1""#);
+    let report = format!("{}/r{{trial}}-{{tp}}.json", dir.display());
+    let metric = |p: &str| Metric::JsonFile {
+        path: report.clone(),
+        pointer: p.into(),
+    };
+    let e = CommandEval::new(
+        &format!("{writer} {report} 77.5"),
+        8,
+        Duration::from_secs(5),
+        metric("/measured/tps"),
+    )
+    .unwrap();
+    assert_eq!(e.evaluate(&cfg, 3), Outcome::Ok { value: 77.5 });
+    assert!(dir.join("r3-2.json").is_file(), "placeholders filled in the path");
+    let e = CommandEval::new(
+        &format!("{writer} {report} 1"),
+        8,
+        Duration::from_secs(5),
+        metric("/nope"),
+    )
+    .unwrap();
+    let out = e.evaluate(&cfg, 4);
+    assert!(
+        matches!(&out, Outcome::Failed { message } if message.contains("no number at /nope in") && message.contains("r4-2.json")),
+        "{out:?}"
+    );
+    let bad = Metric::JsonFile {
+        path: "{out}/r.json".into(),
+        pointer: "/x".into(),
+    };
+    let err = CommandEval::new("true", 8, Duration::from_secs(5), bad).err().unwrap();
+    assert!(err.0.contains("the report path: unknown placeholder {out}"), "{err}");
+}
