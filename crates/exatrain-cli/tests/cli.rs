@@ -456,3 +456,130 @@ fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() 
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("d: no number at /measured/memory_bytes/weights"), "{err}");
 }
+
+#[test]
+fn calibrate_fit_from_trainer_reports_writes_only_a_good_fit() {
+    let dir = std::env::temp_dir().join(format!("exatrain-fit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let reports = dir.join("reports");
+    std::fs::create_dir_all(&reports).unwrap();
+    let model = dir.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 2\nhidden = 64\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let local = dir.join("local.toml");
+    let o = exatrain(&["calibrate", "--quick", "--ranks", "2", "--out", local.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (m, run) = (model.to_str().unwrap(), dir.join("run"));
+    for (name, extra) in [
+        ("dp", vec!["--zero", "1", "--no-overlap-dp"]),
+        ("tp", vec!["--tp", "2"]),
+        ("pp", vec!["--pp", "2"]),
+    ] {
+        let rep = reports.join(format!("{name}.json"));
+        let mut args = vec![
+            "train",
+            "--model",
+            m,
+            "--steps",
+            "3",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "8",
+            "--ranks",
+            "2",
+            "--no-ckpt",
+            "--out",
+            run.to_str().unwrap(),
+            "--report",
+            rep.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = exatrain(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let before = std::fs::read(&local).unwrap();
+    let fit = |files: &[&std::path::Path], extra: &[&str]| {
+        let mut args = vec!["calibrate", "--cluster", local.to_str().unwrap(), "--fit"];
+        args.extend(files.iter().map(|f| f.to_str().unwrap()));
+        args.extend(extra);
+        exatrain(&args)
+    };
+    let err = |o: &Output| {
+        assert_eq!(o.status.code(), Some(2));
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    // too few runs: says how many are needed, writes nothing
+    let o = fit(&[&reports.join("dp.json"), &reports.join("tp.json")], &[]);
+    assert!(
+        err(&o).contains("2 run report(s) given, at least 3 needed"),
+        "{}",
+        err(&o)
+    );
+    // a report of another model than --model says
+    let o = fit(&[&reports], &["--model", "gpt-mini"]);
+    assert!(
+        err(&o).contains("is a run of model `tiny`, not `gpt-mini`"),
+        "{}",
+        err(&o)
+    );
+    // a report whose layout was changed after the run: its bytes give it away
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reports.join("tp.json")).unwrap()).unwrap();
+    v["layout"]["tp"] = 1.into();
+    v["layout"]["dp"] = 2.into();
+    let forged = dir.join("forged.json");
+    std::fs::write(&forged, v.to_string()).unwrap();
+    let o = fit(&[&reports.join("dp.json"), &reports.join("pp.json"), &forged], &[]);
+    assert!(
+        err(&o).contains("the report is not of the model and layout it names"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(std::fs::read(&local).unwrap(), before, "a failed fit writes nothing");
+    // the fit: written over the spec, which plan then reads, and fidelity re-predicts with
+    let o = fit(&[&reports], &["--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(f["runs"], 3);
+    assert!(f["rms_log_error_after"].as_f64().unwrap() <= f["rms_log_error_before"].as_f64().unwrap());
+    let text = std::fs::read_to_string(&local).unwrap();
+    assert!(
+        text.contains("# Fitted by `exatrain calibrate --fit` to 3 runs"),
+        "{text}"
+    );
+    let p = json(&[
+        "plan",
+        "--json",
+        "--cluster",
+        local.to_str().unwrap(),
+        "--model",
+        m,
+        "--gpus",
+        "2",
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "8",
+        "--dtype",
+        "fp32",
+    ]);
+    assert!(p["step_time_s"].as_f64().unwrap() > 0.0);
+    let v = json(&[
+        "fidelity",
+        "--runs",
+        reports.to_str().unwrap(),
+        "--cluster",
+        local.to_str().unwrap(),
+        "--json",
+    ]);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r["run"] == "tp" && r["term"] == "time.compute"));
+}

@@ -296,3 +296,106 @@ fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
         );
     }
 }
+
+#[test]
+fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
+    let work = tmp("train-prior");
+    let model = work.join("tiny.toml");
+    std::fs::write(
+        &model,
+        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    let (m, out) = (model.to_str().unwrap(), work.join("search"));
+    let o = out.to_str().unwrap();
+    let base = [
+        "tune",
+        "--model",
+        m,
+        "--gpus",
+        "2",
+        "--global-batch",
+        "8",
+        "--zero",
+        "0,1",
+        "--recompute",
+        "none",
+        "--default-order",
+        "--evaluator",
+        "train",
+        "--trial-steps",
+        "2",
+        "--timeout",
+        "120",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(extra);
+        exatrain(&args)
+    };
+    let first = run(&[
+        "--strategy",
+        "bayes",
+        "--prior",
+        "frontier",
+        "--initial",
+        "2",
+        "--budget",
+        "3",
+        "--out",
+        o,
+        "--json",
+    ]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(
+        (v["evaluated"].as_u64(), v["failed"].as_u64()),
+        (Some(3), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["prior"], "frontier");
+    assert!((1..=3).contains(&v["best_at_trial"].as_u64().unwrap()));
+    for t in 0..3 {
+        let rep: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join(format!("trials/{t}/report.json"))).unwrap())
+                .unwrap();
+        assert!(rep["tokens_per_s"].as_f64().unwrap() > 0.0);
+        let files: Vec<_> = std::fs::read_dir(out.join(format!("trials/{t}")))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(files, ["report.json"], "tuner trials write no checkpoint");
+    }
+    let trials = lines(&out);
+    let best: f64 = trials
+        .iter()
+        .map(|t| t["outcome"]["value"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(v["best"][0]["measured"].as_f64().unwrap(), best);
+    // resumed with a larger budget: the three trials are kept, one more is run
+    let again = exatrain(&["tune", "--resume", o, "--budget", "4", "--json"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    let trials = lines(&out);
+    assert_eq!(trials.len(), 4);
+    let ids: std::collections::HashSet<u64> = trials.iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 4, "nothing repeated");
+    // bad input
+    let e = run(&["--strategy", "bayes"]);
+    assert!(String::from_utf8_lossy(&e.stderr).contains("--evaluator train needs --out DIR"));
+    let e = run(&[
+        "--strategy",
+        "random",
+        "--prior",
+        "frontier",
+        "--out",
+        work.join("x").to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&e.stderr).contains("--prior seeds the Bayesian search"));
+    let y = work.join("y");
+    let mut args = base.to_vec();
+    args[8] = "3";
+    args.extend(["--strategy", "bayes", "--out", y.to_str().unwrap()]);
+    let e = exatrain(&args);
+    assert_eq!(e.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&e.stderr).contains("the trainer implements ZeRO 0, 1 and 2"));
+}
