@@ -40,7 +40,8 @@ enum Command {
     Sample(train_cmd::SampleArgs),
     /// Write a checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
     ExportHf(train_cmd::ExportHfArgs),
-    /// Measure this machine (GEMM curve, memory bandwidth) and write it as a cluster TOML.
+    /// Measure this machine (GEMM curve, memory bandwidth, collectives) and write it as a cluster
+    /// TOML; --fit fits its efficiency factors to trainer reports.
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// Predicted vs measured, term by term, for trainer runs' --report files (HTML with --out).
     Fidelity(fidelity_cmd::FidelityArgs),
