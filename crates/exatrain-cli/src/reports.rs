@@ -70,16 +70,21 @@ pub fn planned_setup(name: &str, v: &Value) -> Result<(ModelSpec, ParallelConfig
     Ok(exatrain_train::parallel::as_trained(&model, &layout))
 }
 
-/// Replace the report's `planned` figures by the planner's under `cluster`.
-pub fn replan(name: &str, v: &mut Value, cluster: &ClusterSpec) -> Result<(), SpecError> {
-    let (model, layout) = planned_setup(name, v)?;
-    let p = exatrain_cost::plan(&model, cluster, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
-    v["planned"] = serde_json::json!({
+/// A report's `planned` section: the planner's figures under the names the trainer measures.
+pub fn planned(p: &exatrain_cost::Plan) -> Value {
+    serde_json::json!({
         "step_time_s": p.step_time_s,
         "time_s": p.time_s,
         "comm_bytes": p.comm_bytes,
         "memory_bytes": p.memory_bytes,
-    });
+    })
+}
+
+/// Replace the report's `planned` figures by the planner's under `cluster`.
+pub fn replan(name: &str, v: &mut Value, cluster: &ClusterSpec) -> Result<(), SpecError> {
+    let (model, layout) = planned_setup(name, v)?;
+    let p = exatrain_cost::plan(&model, cluster, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
+    v["planned"] = planned(&p);
     v["cluster"] = serde_json::json!(cluster.name);
     Ok(())
 }

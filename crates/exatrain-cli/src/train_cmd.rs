@@ -229,12 +229,7 @@ fn report_json(
         "cluster": cluster.name,
         "ranks": reports,
         "measured": measured,
-        "planned": {
-            "step_time_s": planned.step_time_s,
-            "time_s": planned.time_s,
-            "comm_bytes": planned.comm_bytes,
-            "memory_bytes": planned.memory_bytes,
-        },
+        "planned": crate::reports::planned(&planned),
     }))
 }
 
