@@ -1,5 +1,6 @@
 //! End-to-end tests of the `exatrain` binary.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn exatrain(args: &[&str]) -> Output {
@@ -379,31 +380,48 @@ fn calibrate_writes_a_cluster_that_plan_reads() {
     assert!(v["step_time_s"].as_f64().unwrap() > 0.0 && v["fits"] == true);
 }
 
-#[test]
-fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() {
-    let dir = std::env::temp_dir().join(format!("exatrain-fidelity-{}", std::process::id()));
+/// A fresh folder holding `reports/` and `tiny.toml`, a 2-layer GPT-2 of width `hidden`.
+fn report_setup(tag: &str, hidden: u32) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("exatrain-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let reports = dir.join("reports");
     std::fs::create_dir_all(&reports).unwrap();
     let model = dir.join("tiny.toml");
     std::fs::write(
         &model,
-        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+        format!("name = \"tiny\"\nlayers = 2\nhidden = {hidden}\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n"),
     )
     .unwrap();
-    let (m, out) = (model.to_str().unwrap(), dir.join("run"));
+    (dir, reports, model)
+}
+
+/// `exatrain train --model MODEL --micro-batch 2 --out OUT --report REPORT ARGS…`, which must succeed.
+fn train_report(model: &Path, out: &Path, report: &Path, args: &[&str]) {
+    let mut all = vec![
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--micro-batch",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    all.extend(args);
+    let o = exatrain(&all);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() {
+    let (dir, reports, model) = report_setup("fidelity", 32);
     for (name, ranks, extra) in [
         ("a", "2", vec!["--tp", "2"]),
         ("b", "4", vec!["--tp", "2", "--pp", "2", "--zero", "1"]),
     ] {
-        let rep = reports.join(format!("{name}.json"));
         let mut args = vec![
-            "train",
-            "--model",
-            m,
             "--steps",
-            "2",
-            "--micro-batch",
             "2",
             "--global-batch",
             "4",
@@ -411,14 +429,9 @@ fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() 
             ranks,
             "--ckpt-every",
             "0",
-            "--out",
-            out.to_str().unwrap(),
-            "--report",
-            rep.to_str().unwrap(),
         ];
         args.extend(extra);
-        let o = exatrain(&args);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        train_report(&model, &dir.join("run"), &reports.join(format!("{name}.json")), &args);
     }
     // a copy of run b whose planner "predicted" twice the compute time it measured
     let mut c: serde_json::Value =
@@ -459,47 +472,19 @@ fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() 
 
 #[test]
 fn calibrate_fit_from_trainer_reports_writes_only_a_good_fit() {
-    let dir = std::env::temp_dir().join(format!("exatrain-fit-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let reports = dir.join("reports");
-    std::fs::create_dir_all(&reports).unwrap();
-    let model = dir.join("tiny.toml");
-    std::fs::write(
-        &model,
-        "name = \"tiny\"\nlayers = 2\nhidden = 64\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
-    )
-    .unwrap();
+    let (dir, reports, model) = report_setup("fit", 64);
     let local = dir.join("local.toml");
     let o = exatrain(&["calibrate", "--quick", "--ranks", "2", "--out", local.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (m, run) = (model.to_str().unwrap(), dir.join("run"));
+    let m = model.to_str().unwrap();
     for (name, extra) in [
         ("dp", vec!["--zero", "1", "--no-overlap-dp"]),
         ("tp", vec!["--tp", "2"]),
         ("pp", vec!["--pp", "2"]),
     ] {
-        let rep = reports.join(format!("{name}.json"));
-        let mut args = vec![
-            "train",
-            "--model",
-            m,
-            "--steps",
-            "3",
-            "--micro-batch",
-            "2",
-            "--global-batch",
-            "8",
-            "--ranks",
-            "2",
-            "--no-ckpt",
-            "--out",
-            run.to_str().unwrap(),
-            "--report",
-            rep.to_str().unwrap(),
-        ];
+        let mut args = vec!["--steps", "3", "--global-batch", "8", "--ranks", "2", "--no-ckpt"];
         args.extend(extra);
-        let o = exatrain(&args);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        train_report(&model, &dir.join("run"), &reports.join(format!("{name}.json")), &args);
     }
     let before = std::fs::read(&local).unwrap();
     let fit = |files: &[&std::path::Path], extra: &[&str]| {

@@ -235,15 +235,21 @@ fn a_killed_search_resumes_without_losing_or_repeating_trials() {
     assert!(v["best"][0]["measured"].as_f64().unwrap() > 0.0);
 }
 
+/// `DIR/tiny.toml`: a GPT-2 of `layers` blocks, width 32, the trainer's smallest test model.
+fn tiny_model(dir: &Path, layers: u32) -> PathBuf {
+    let model = dir.join("tiny.toml");
+    std::fs::write(
+        &model,
+        format!("name = \"tiny\"\nlayers = {layers}\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n"),
+    )
+    .unwrap();
+    model
+}
+
 #[test]
 fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
     let work = tmp("trainer-eval");
-    let model = work.join("tiny.toml");
-    std::fs::write(
-        &model,
-        "name = \"tiny\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
-    )
-    .unwrap();
+    let model = tiny_model(&work, 1);
     let m = model.to_str().unwrap();
     let cmd = format!(
         "{} train --model {m} --ranks {{dp}} --zero {{zero}} --micro-batch {{micro_batch}} --global-batch {{global_batch}} --steps 2 --out {}/run{{trial}}",
@@ -300,12 +306,7 @@ fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
 #[test]
 fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
     let work = tmp("train-prior");
-    let model = work.join("tiny.toml");
-    std::fs::write(
-        &model,
-        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
-    )
-    .unwrap();
+    let model = tiny_model(&work, 2);
     let (m, out) = (model.to_str().unwrap(), work.join("search"));
     let o = out.to_str().unwrap();
     let base = [
