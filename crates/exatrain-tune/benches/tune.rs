@@ -82,25 +82,27 @@ fn main() {
             .count();
         let eval = CostModel { model: &m, cluster: &c };
         for (name, strategy) in [("bayes", Strategy::Bayes), ("random", Strategy::Random)] {
-            let (mut to2, mut to5, mut to10, mut at30, mut at100) = (vec![], vec![], vec![], vec![], vec![]);
-            for seed in 0..seeds {
-                let t = bayes::run(
-                    &space,
-                    &eval,
-                    &Settings::new(strategy, budget, seed),
-                    Vec::new(),
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
-                let reach = |tol| bayes::trials_to_reach(&t, optimum, tol).map_or(f64::INFINITY, |n| n as f64);
-                to2.push(reach(0.02));
-                to5.push(reach(0.05));
-                to10.push(reach(0.10));
-                let best_at =
-                    |k: usize| t.iter().take(k).filter_map(|x| x.outcome.value()).fold(0.0, f64::max) / optimum;
-                at30.push(best_at(30));
-                at100.push(best_at(100));
-            }
+            use rayon::prelude::*;
+            // one row per seed: trials to 2 %, 5 %, 10 %, best after 30 and 100 trials
+            let rows: Vec<[f64; 5]> = (0..seeds)
+                .into_par_iter()
+                .map(|seed| {
+                    let t = bayes::run(
+                        &space,
+                        &eval,
+                        &Settings::new(strategy, budget, seed),
+                        Vec::new(),
+                        &mut |_| Ok(()),
+                    )
+                    .unwrap();
+                    let reach = |tol| bayes::trials_to_reach(&t, optimum, tol).map_or(f64::INFINITY, |n| n as f64);
+                    let best_at =
+                        |k: usize| t.iter().take(k).filter_map(|x| x.outcome.value()).fold(0.0, f64::max) / optimum;
+                    [reach(0.02), reach(0.05), reach(0.10), best_at(30), best_at(100)]
+                })
+                .collect();
+            let col = |k: usize| rows.iter().map(|r| r[k]).collect::<Vec<f64>>();
+            let (to2, to5, to10, at30, at100) = (col(0), col(1), col(2), col(3), col(4));
             let show = |v: Vec<f64>| {
                 let m = median(v);
                 if m.is_finite() {
