@@ -1,11 +1,15 @@
 //! Search over expensive black boxes: Bayesian optimization in the spirit of DeepHyper's CBO, and
 //! random search as the baseline.
 //!
-//! - Surrogate: extra-trees on a numeric encoding of the layout (log2 sizes, switches, the
-//!   position of each dimension in the rank order); the target is ln(throughput).
+//! - Surrogate: a GP (default) or extra-trees on a numeric encoding of the layout (log2 sizes,
+//!   switches, the position of each dimension in the rank order, a few derived quantities such
+//!   as the bubble fraction); the target is ln(throughput).
 //! - Acquisition: UCB `μ + κ·σ`, κ decaying exponentially from `kappa` to `kappa_final` over the
-//!   budget; maximized over a random pool of the space plus every one-step neighbour of the
-//!   best layouts seen.
+//!   budget; maximized, most of the time, over a random subspace of one or two knobs through
+//!   the best layout seen (LineBO), otherwise over a random pool of the whole space plus
+//!   hill-climbs from it.
+//! - Random layouts (initial design, pools, the random strategy) pick each knob uniformly
+//!   among its valid values, as a configuration-space sampler does.
 //! - Failures (out of memory, crash, timeout) are observations too, at a value below the worst
 //!   success, so the surrogate learns to avoid their region.
 //! - Parallel trials: q workers; while trials are pending, the surrogate sees them at the worst
@@ -83,9 +87,9 @@ pub struct Settings {
     pub trees: usize,
     /// Random candidates scored by a global proposal.
     pub pool: usize,
-    /// Every n-th proposal is global (the rest search the trust region around the incumbent).
+    /// Every n-th proposal is global (the rest search a random subspace through the incumbent).
     pub global_every: u64,
-    /// Trust-region radius: knobs a local proposal may change at once.
+    /// Knobs a local proposal draws to change (1..=radius distinct ones, the others held).
     pub radius: usize,
     /// ln(predicted throughput) per layout of the space (same order), NaN where the model
     /// expects it not to run; None for a cold start.
@@ -158,8 +162,52 @@ fn rng_for(seed: u64, proposal: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(z ^ (z >> 31))
 }
 
+/// The knobs in the order a random layout picks them, each a set of [`features`] columns: tp,
+/// pp, global batch, micro-batch, ZeRO, attention mode (recompute × flash), sequence
+/// parallelism, virtual stages, rank order (dp follows from tp and pp).
+const KNOB_COLUMNS: [&[usize]; 9] = [&[0], &[1], &[4], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12]];
+/// The global batch's place in [`KNOB_COLUMNS`]: a local move may always change it, since a
+/// change of dp may leave the old one indivisible.
+const GLOBAL_BATCH_KNOB: usize = 2;
+
+/// The space as a tree of knob values (root: tp; leaves: layouts), so a random layout can pick
+/// each knob uniformly among the values valid given the ones above it, as a configuration-space
+/// sampler (ConfigSpace, DeepHyper) does. Uniform over layouts instead would favour the shapes
+/// with many switch combinations (deep pipelines with many interleavings and rank orders).
+enum Knobs {
+    Node(Vec<Knobs>),
+    Leaf(usize),
+}
+
+impl Knobs {
+    fn build(x: &[Vec<f64>], idx: Vec<usize>, depth: usize) -> Knobs {
+        if depth == KNOB_COLUMNS.len() || idx.len() == 1 {
+            return Knobs::Leaf(idx[0]);
+        }
+        let cols = KNOB_COLUMNS[depth];
+        let key = |i: usize| cols.iter().map(|&c| x[i][c]).collect::<Vec<f64>>();
+        let mut groups: Vec<(Vec<f64>, Vec<usize>)> = Vec::new();
+        for i in idx {
+            let k = key(i);
+            match groups.iter_mut().find(|g| g.0 == k) {
+                Some(g) => g.1.push(i),
+                None => groups.push((k, vec![i])),
+            }
+        }
+        Knobs::Node(groups.into_iter().map(|g| Knobs::build(x, g.1, depth + 1)).collect())
+    }
+
+    fn sample(&self, rng: &mut fastrand::Rng) -> usize {
+        match self {
+            Knobs::Leaf(i) => *i,
+            Knobs::Node(c) => c[rng.usize(..c.len())].sample(rng),
+        }
+    }
+}
+
 /// The search state: the space, its encodings, what has been seen.
 struct State<'a> {
+    knobs: Knobs,
     space: &'a [ParallelConfig],
     x: Vec<Vec<f64>>,
     keys: Vec<u128>,
@@ -179,6 +227,13 @@ impl<'a> State<'a> {
     fn random_free(&self, rng: &mut fastrand::Rng) -> Option<usize> {
         if self.taken.len() >= self.space.len() {
             return None;
+        }
+        // Knob by knob; when the subtree drawn is used up, uniformly over what is left.
+        for _ in 0..64 {
+            let i = self.knobs.sample(rng);
+            if !self.taken.contains(&self.keys[i]) {
+                return Some(i);
+            }
         }
         loop {
             let i = rng.usize(..self.space.len());
@@ -264,18 +319,34 @@ impl<'a> State<'a> {
             mu + kappa * sigma + (p_run + kappa * p_sigma).clamp(0.01, 1.0).ln()
         };
 
-        // Trust region (as in CASMOPOLITAN): most proposals score the untried layouts within two
-        // knobs of the incumbent; every `global_every`-th scores a random pool of the whole space
-        // plus hill-climbs of the acquisition from it, so the search can leave a basin.
+        // Local proposals search a random subspace through the incumbent (as LineBO, Kirschner
+        // et al. 2019): the untried layouts that differ from it in at most `radius` knobs drawn at
+        // random (dp and the global batch follow). Drawing knobs, not layouts, spends local
+        // trials evenly over the knobs instead of in proportion to how many values each has (a
+        // deep pipeline has dozens of interleavings and rank orders). Every `global_every`-th
+        // proposal scores a random pool of the whole space plus hill-climbs of the acquisition
+        // from it, so the search can leave a basin.
         let mut best: Vec<(usize, f64)> = self.done.iter().filter_map(|&(i, v)| v.map(|v| (i, v))).collect();
         best.sort_by(|a, b| b.1.total_cmp(&a.1));
         let global = self.settings.global_every > 0 && n % self.settings.global_every == self.settings.global_every - 1;
         let mut scored: Vec<(usize, f64)> = Vec::new();
-        if !global {
-            for &(b, _) in best.iter().take(3) {
+        if let (false, Some(&(b, _))) = (global, best.first()) {
+            for _ in 0..16 {
+                let count = rng.usize(1..=self.settings.radius.max(1));
+                let free: Vec<usize> = (0..count)
+                    .map(|_| rng.usize(..KNOB_COLUMNS.len()))
+                    .chain([GLOBAL_BATCH_KNOB])
+                    .collect();
+                let xb = &self.x[b];
+                let same = |j: usize| {
+                    KNOB_COLUMNS
+                        .iter()
+                        .enumerate()
+                        .all(|(k, cols)| free.contains(&k) || cols.iter().all(|&c| self.x[j][c] == xb[c]))
+                };
                 scored.extend(
-                    self.neighbours(b)
-                        .filter(|j| !self.taken.contains(&self.keys[*j]))
+                    (0..self.space.len())
+                        .filter(|&j| !self.taken.contains(&self.keys[j]) && same(j))
                         .map(|j| (j, score(j))),
                 );
                 if !scored.is_empty() {
@@ -352,7 +423,9 @@ pub fn run(
             p.iter().map(|v| if v.is_finite() { *v } else { floor }).collect()
         }
     };
+    let knobs = Knobs::build(&x, (0..space.len()).collect(), 0);
     let mut st = State {
+        knobs,
         space,
         x,
         keys,
