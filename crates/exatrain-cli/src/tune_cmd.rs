@@ -582,6 +582,7 @@ fn black_box_search(
     settings.initial = meta.initial;
     settings.parallel = meta.parallel_trials;
     settings.prior = meta.prior.as_ref().map(|p| prior_of(meta, &space, p));
+    settings.encoding = Some(bayes::Encoding::new(model, cluster));
     let done = history.len() as u64;
     let pb = progress_bar(meta.budget.min(space.len()) as u64, "trials");
     pb.set_position(done);

@@ -90,7 +90,10 @@ fn main() {
                     let t = bayes::run(
                         &space,
                         &eval,
-                        &Settings::new(strategy, budget, seed),
+                        &Settings {
+                            encoding: Some(bayes::Encoding::new(&m, &c)),
+                            ..Settings::new(strategy, budget, seed)
+                        },
                         Vec::new(),
                         &mut |_| Ok(()),
                     )

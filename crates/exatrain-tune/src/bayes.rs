@@ -3,15 +3,19 @@
 //!
 //! - Surrogate: a GP (default) or extra-trees on a numeric encoding of the layout (log2 sizes,
 //!   switches, the position of each dimension in the rank order, a few derived quantities such
-//!   as the bubble fraction); the target is ln(throughput).
-//! - Acquisition: UCB `μ + κ·σ`, κ decaying exponentially from `kappa` to `kappa_final` over the
-//!   budget; maximized, most of the time, over a random subspace of one or two knobs through
-//!   the best layout seen (LineBO), otherwise over a random pool of the whole space plus
-//!   hill-climbs from it.
+//!   as the bubble fraction and, given an [`Encoding`] of the model and machine sizes, textbook
+//!   memory estimates); the target is ln(throughput).
+//! - Acquisition: UCB `μ + κ·σ` plus ln P(runs). Local proposals (two in three) maximize it over
+//!   a random subspace of one or two knobs through the best layout seen (LineBO), with κ
+//!   decaying from `kappa` to `kappa_final` over the budget; global ones over a random pool of
+//!   the whole space plus hill-climbs from it, at a fixed, exploring `kappa_global`, so the
+//!   search keeps looking for other basins (ZeRO-3 without a pipeline vs. Megatron TP × PP).
 //! - Random layouts (initial design, pools, the random strategy) pick each knob uniformly
 //!   among its valid values, as a configuration-space sampler does.
-//! - Failures (out of memory, crash, timeout) are observations too, at a value below the worst
-//!   success, so the surrogate learns to avoid their region.
+//! - Failures are observations too. Out of memory is learned by a monotone threshold on the
+//!   memory estimate ([`crate::fits`]) when there is one; other failures (and, without an
+//!   estimate, out of memory too) by a GP classifier on the encoding. The initial design keeps a
+//!   random layout with the probability that it fits.
 //! - Parallel trials: q workers; while trials are pending, the surrogate sees them at the worst
 //!   observed value (constant liar, CL-min), so concurrent proposals spread out.
 //! - Prior (optional): a cost model's prediction for every layout. The initial design is then
@@ -29,6 +33,7 @@ use exatrain_spec::{Dim, ParallelConfig, SpecError};
 
 use crate::eval::{Evaluator, Outcome};
 use crate::exhaustive::cfg_key;
+use crate::fits::Fits;
 use crate::forest::Forest;
 use crate::gp::Gp;
 
@@ -58,8 +63,8 @@ impl Model {
 /// GP length scales per feature of [`features`] (starting points for the marginal-likelihood fit):
 /// one doubling of a size, one ZeRO stage, one recompute level, a switch, a rank-order position
 /// each count about as one unit; the bubble fraction varies on a scale of ~0.3.
-const LENGTHS: [f64; 18] = [
-    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5,
+const LENGTHS: [f64; 22] = [
+    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0, 1.0,
 ];
 use crate::store::Trial;
 
@@ -82,8 +87,11 @@ pub struct Settings {
     pub seed: u64,
     /// Trials run at once.
     pub parallel: usize,
+    /// UCB κ of local proposals, decaying from `kappa` to `kappa_final` over the budget.
     pub kappa: f64,
     pub kappa_final: f64,
+    /// UCB κ of global proposals (fixed: they are there to find other basins).
+    pub kappa_global: f64,
     pub trees: usize,
     /// Random candidates scored by a global proposal.
     pub pool: usize,
@@ -94,6 +102,8 @@ pub struct Settings {
     /// ln(predicted throughput) per layout of the space (same order), NaN where the model
     /// expects it not to run; None for a cold start.
     pub prior: Option<Vec<f64>>,
+    /// The model and machine sizes behind the memory features; None: layout features only.
+    pub encoding: Option<Encoding>,
 }
 
 impl Settings {
@@ -107,20 +117,91 @@ impl Settings {
             parallel: 1,
             kappa: 1.96,
             kappa_final: 0.05,
+            kappa_global: 3.0,
             trees: 40,
             pool: 2000,
-            global_every: 4,
+            global_every: 3,
             radius: 2,
             prior: None,
+            encoding: None,
         }
     }
 }
 
-/// Numeric encoding of a layout for the surrogate.
-pub fn features(c: &ParallelConfig) -> Vec<f64> {
+/// What the encoding knows about the problem beyond the layout: the model's sizes and the
+/// machine's device memory and node size, read from the specs the user gave (never from the
+/// objective). With it, [`features`] adds textbook estimates of memory per device (the ZeRO
+/// paper's 2 + 2 + 12 bytes per parameter, Korthikanti et al.'s activation bytes per layer) and
+/// whether the tensor-parallel group stays inside a node, so the feasibility model sees out of
+/// memory as a threshold on one or two numbers instead of a pattern over eight knobs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Encoding {
+    /// parameters of the whole model
+    pub params: f64,
+    pub layers: f64,
+    pub hidden: f64,
+    pub heads: f64,
+    pub seq: f64,
+    /// device memory, bytes
+    pub device_bytes: f64,
+    pub devices_per_node: u32,
+}
+
+impl Encoding {
+    pub fn new(m: &exatrain_spec::ModelSpec, c: &exatrain_spec::ClusterSpec) -> Self {
+        Encoding {
+            params: m.params() as f64,
+            layers: m.layers as f64,
+            hidden: m.hidden as f64,
+            heads: m.heads as f64,
+            seq: m.seq_len as f64,
+            device_bytes: c.device.hbm_gib * (1u64 << 30) as f64,
+            devices_per_node: c.node.devices,
+        }
+    }
+
+    /// (ln static bytes, ln activation bytes, ln their sum) per device relative to its memory,
+    /// and 1 when the TP group lies inside a node.
+    fn estimates(&self, c: &ParallelConfig) -> [f64; 4] {
+        use exatrain_spec::Recompute;
+        let (tp, pp, dp) = (c.tp as f64, c.pp as f64, c.dp as f64);
+        let split = |stage: u8| if c.zero >= stage { dp } else { 1.0 };
+        let weights = self.params / (tp * pp);
+        let stat = weights * (2.0 / split(3) + 2.0 / split(2) + 12.0 / split(1));
+        // one layer, one micro-batch: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes, all of it /t with SP;
+        // the attention-score term goes with selective recompute or flash attention; full
+        // recompute keeps the block's input only.
+        let sbh = self.seq * c.micro_batch as f64 * self.hidden;
+        let scores = match (c.recompute, c.flash_attention) {
+            (Recompute::None, false) => 5.0 * self.heads * self.seq / self.hidden / tp,
+            _ => 0.0,
+        };
+        let per_layer = match c.recompute {
+            Recompute::Full => 2.0 * sbh / if c.sequence_parallel { tp } else { 1.0 },
+            _ if c.sequence_parallel => sbh * (34.0 / tp + scores),
+            _ => sbh * (10.0 + 24.0 / tp + scores),
+        };
+        let in_flight = (c.microbatches() as f64).min(pp);
+        let act = per_layer * self.layers / pp * in_flight;
+        let inside = c.tp * c.stride(exatrain_spec::Dim::Tp) <= self.devices_per_node;
+        let rel = |b: f64| (b / self.device_bytes).ln();
+        [rel(stat), rel(act), rel(stat + act), inside as u8 as f64]
+    }
+}
+
+/// The column of [`features`] with ln(estimated memory per device / device memory).
+const MEMORY_FEATURE: usize = 20;
+
+fn is_oom(o: &Outcome) -> bool {
+    matches!(o, Outcome::OutOfMemory { .. })
+}
+
+/// Numeric encoding of a layout for the surrogate (the last four columns are zero without an
+/// [`Encoding`]).
+pub fn features(c: &ParallelConfig, enc: Option<&Encoding>) -> Vec<f64> {
     let l2 = |x: u32| (x as f64).log2();
     let pos = |d: Dim| c.order.0.iter().position(|x| *x == d).unwrap_or(0) as f64;
-    vec![
+    let mut f = vec![
         l2(c.tp),
         l2(c.pp),
         l2(c.dp),
@@ -151,7 +232,9 @@ pub fn features(c: &ParallelConfig) -> Vec<f64> {
             + l2(c.microbatches().min(c.pp))
             - l2(c.pp),
         l2(c.microbatches()),
-    ]
+    ];
+    f.extend(enc.map_or([0.0; 4], |e| e.estimates(c)));
+    f
 }
 
 fn rng_for(seed: u64, proposal: u64) -> fastrand::Rng {
@@ -212,7 +295,8 @@ struct State<'a> {
     x: Vec<Vec<f64>>,
     keys: Vec<u128>,
     settings: &'a Settings,
-    done: Vec<(usize, Option<f64>)>, // (space index, ln value or None for a failure)
+    /// (space index, ln value or None for a failure, whether it ran out of memory)
+    done: Vec<(usize, Option<f64>, bool)>,
     taken: HashSet<u128>,
     /// ln(predicted throughput) per layout; all zeros without a prior
     prior: Vec<f64>,
@@ -255,6 +339,18 @@ impl<'a> State<'a> {
         })
     }
 
+    /// The memory threshold model fitted to the trials so far; None without an [`Encoding`].
+    fn fits(&self) -> Option<Fits> {
+        self.settings.encoding?;
+        let obs: Vec<(f64, bool)> = self
+            .done
+            .iter()
+            .filter(|d| d.1.is_some() || d.2)
+            .map(|&(i, v, _)| (self.x[i][MEMORY_FEATURE], v.is_some()))
+            .collect();
+        Some(Fits::fit(&obs))
+    }
+
     /// The untried layout the prior rates best (ties: the smaller key).
     fn best_by_prior(&self) -> Option<usize> {
         (0..self.space.len())
@@ -272,15 +368,26 @@ impl<'a> State<'a> {
         let successes: Vec<f64> = self
             .done
             .iter()
-            .filter_map(|&(i, v)| v.map(|v| v - self.prior[i]))
+            .filter_map(|&(i, v, _)| v.map(|v| v - self.prior[i]))
             .collect();
         if self.settings.strategy == Strategy::Random {
             return self.random_free(&mut rng);
         }
         if self.done.len() + pending.len() < self.settings.initial || successes.is_empty() {
-            return match self.settings.prior {
-                Some(_) => self.best_by_prior(),
-                None => self.random_free(&mut rng),
+            return match (&self.settings.prior, self.fits()) {
+                (Some(_), _) => self.best_by_prior(),
+                (None, None) => self.random_free(&mut rng),
+                // a random layout, kept with the probability that it fits (a few draws at most)
+                (None, Some(f)) => {
+                    let mut pick = self.random_free(&mut rng);
+                    for _ in 0..50 {
+                        match pick {
+                            Some(i) if rng.f64() > f.p(self.x[i][MEMORY_FEATURE]) => pick = self.random_free(&mut rng),
+                            _ => break,
+                        }
+                    }
+                    pick
+                }
             };
         }
         // Targets are residuals from the prior (the plain ln values without one).
@@ -291,13 +398,20 @@ impl<'a> State<'a> {
         let mut ys = Vec::new();
         let mut xf = Vec::new();
         let mut yf = Vec::new();
-        for &(i, v) in &self.done {
+        // With a memory estimate, out of memory is the monotone threshold model's to learn and
+        // the GP classifier learns the other failures only.
+        let fits = self.fits();
+        for &(i, v, oom) in &self.done {
             if let Some(v) = v {
                 xs.push(self.x[i].clone());
                 ys.push(v - self.prior[i]);
             }
             xf.push(self.x[i].clone());
-            yf.push(if v.is_some() { 1.0 } else { 0.0 });
+            yf.push(if v.is_some() || (oom && fits.is_some()) {
+                1.0
+            } else {
+                0.0
+            });
         }
         for &i in pending {
             xs.push(self.x[i].clone());
@@ -310,13 +424,18 @@ impl<'a> State<'a> {
         let value = model(&xs, &ys, &mut rng);
         let runs = model(&xf, &yf, &mut rng);
         let progress = (n as f64 / self.settings.budget.max(1) as f64).min(1.0);
-        let kappa = self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
+        let global = self.settings.global_every > 0 && n % self.settings.global_every == self.settings.global_every - 1;
+        let mut kappa = self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
+        if global {
+            kappa = self.settings.kappa_global;
+        }
         let score = |i: usize| {
             let (residual, sigma) = value.predict(&self.x[i]);
             let mu = self.prior[i] + residual;
             // Optimistic about feasibility too: an untried region is not written off.
             let (p_run, p_sigma) = runs.predict(&self.x[i]);
-            mu + kappa * sigma + (p_run + kappa * p_sigma).clamp(0.01, 1.0).ln()
+            let p_fit = fits.map_or(1.0, |f| f.p(self.x[i][MEMORY_FEATURE]));
+            mu + kappa * sigma + (p_run + kappa * p_sigma).clamp(0.01, 1.0).ln() + p_fit.max(0.01).ln()
         };
 
         // Local proposals search a random subspace through the incumbent (as LineBO, Kirschner
@@ -326,9 +445,8 @@ impl<'a> State<'a> {
         // deep pipeline has dozens of interleavings and rank orders). Every `global_every`-th
         // proposal scores a random pool of the whole space plus hill-climbs of the acquisition
         // from it, so the search can leave a basin.
-        let mut best: Vec<(usize, f64)> = self.done.iter().filter_map(|&(i, v)| v.map(|v| (i, v))).collect();
+        let mut best: Vec<(usize, f64)> = self.done.iter().filter_map(|&(i, v, _)| v.map(|v| (i, v))).collect();
         best.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let global = self.settings.global_every > 0 && n % self.settings.global_every == self.settings.global_every - 1;
         let mut scored: Vec<(usize, f64)> = Vec::new();
         if let (false, Some(&(b, _))) = (global, best.first()) {
             for _ in 0..16 {
@@ -397,7 +515,7 @@ pub fn run(
     if space.is_empty() {
         return Err(SpecError::new("the search space is empty"));
     }
-    let x: Vec<Vec<f64>> = space.iter().map(features).collect();
+    let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, settings.encoding.as_ref())).collect();
     let keys: Vec<u128> = space.iter().map(cfg_key).collect();
     let prior = match &settings.prior {
         None => vec![0.0; space.len()],
@@ -444,7 +562,7 @@ pub fn run(
             )));
         };
         st.taken.insert(st.keys[i]);
-        st.done.push((i, t.outcome.value().map(f64::ln)));
+        st.done.push((i, t.outcome.value().map(f64::ln), is_oom(&t.outcome)));
         next_id = next_id.max(t.id + 1);
         trials.push(t);
     }
@@ -485,7 +603,7 @@ pub fn run(
             }
             let (id, i, outcome, seconds) = res_rx.recv().expect("a worker answers");
             pending.retain(|p| p.0 != id);
-            st.done.push((i, outcome.value().map(f64::ln)));
+            st.done.push((i, outcome.value().map(f64::ln), is_oom(&outcome)));
             let t = Trial {
                 id,
                 config: space[i],

@@ -4,14 +4,16 @@
 //!   model on a device count, as an iterator;
 //! - [`exhaustive`]: the whole space through the cost model, in parallel, keeping the top k, and
 //!   the Pareto front of throughput against devices over a range of device counts;
-//! - [`bayes`]: Bayesian optimization for expensive black boxes (extra-trees surrogate, UCB with
-//!   decaying κ, constant liar for parallel trials, failures steered away from), and random search;
+//! - [`bayes`]: Bayesian optimization for expensive black boxes (GP or extra-trees surrogate, UCB
+//!   over random subspaces and global pools, constant liar for parallel trials, failures steered
+//!   away from), and random search; [`gp`], [`forest`] and [`fits`] (P(fits in memory)) are its models;
 //! - [`eval`]: the [`Evaluator`](eval::Evaluator) trait with the cost model and an external command;
 //! - [`store`]: an fsync'd JSONL trial log that a crashed search resumes from.
 
 pub mod bayes;
 pub mod eval;
 pub mod exhaustive;
+pub mod fits;
 pub mod forest;
 pub mod gp;
 pub mod space;

@@ -163,7 +163,10 @@ fn search(
     bayes::run(
         &space,
         &eval,
-        &Settings::new(strategy, budget, seed),
+        &Settings {
+            encoding: Some(bayes::Encoding::new(m, c)),
+            ..Settings::new(strategy, budget, seed)
+        },
         Vec::new(),
         &mut |_| Ok(()),
     )
@@ -172,8 +175,7 @@ fn search(
 
 #[test]
 fn bayes_is_reproducible_and_beats_random_on_a_seeded_problem() {
-    // The benchmark's 175B problem (73k layouts). On a small space (22B on 128 GCDs, one rank
-    // order, batch 512: ~2k layouts) knob-wise random search is as good after 30 trials.
+    // The benchmark's 175B problem (73k layouts, 5 within 2 % of the optimum).
     let m = presets::model("gpt-175b").unwrap();
     let c = presets::cluster("frontier").unwrap();
     let s = SpaceSpec::new(1024, 1024);
@@ -200,7 +202,7 @@ fn bayes_is_reproducible_and_beats_random_on_a_seeded_problem() {
         0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2])
     };
     assert!(
-        median(&bo) > median(&rnd),
+        median(&bo) > median(&rnd) + 0.1,
         "bayes {bo:?} vs random {rnd:?} (best after 30 trials / optimum)"
     );
 }
