@@ -6,7 +6,8 @@
 //!   as the bubble fraction and, given an [`Encoding`] of the model and machine sizes, textbook
 //!   memory estimates); the target is ln(throughput).
 //! - Acquisition: UCB `μ + κ·σ` plus ln P(runs). Local proposals (two in three) maximize it over
-//!   a random subspace of one or two knobs through the best layout seen (LineBO), with κ
+//!   a random subspace of one or two knobs through the best layout seen (LineBO; the knobs that
+//!   depend on them follow, as sequence parallelism does when tp becomes 1), with κ
 //!   decaying from `kappa` to `kappa_final` over the budget; global ones over a random pool of
 //!   the whole space plus hill-climbs from it, at a fixed, exploring `kappa_global`, so the
 //!   search keeps looking for other basins (ZeRO-3 without a pipeline vs. Megatron TP × PP).
@@ -339,6 +340,39 @@ impl<'a> State<'a> {
         })
     }
 
+    /// The untried layouts through `b` along the knobs `free`: for each combination of their
+    /// values other than `b`'s, the layouts that keep as many of the other knobs as the space
+    /// allows (a conditional knob follows: tp 2 → 1 drops sequence parallelism, pp 2 → 1 drops
+    /// interleaving, pp 1 → 2 may need a lower ZeRO stage).
+    fn subspace(&self, b: usize, free: &[usize]) -> Vec<usize> {
+        let xb = &self.x[b];
+        let differs = |j: usize, cols: &[usize]| cols.iter().any(|&c| self.x[j][c] != xb[c]);
+        let mut groups: std::collections::HashMap<Vec<u64>, (usize, Vec<usize>)> = Default::default();
+        for j in (0..self.space.len()).filter(|j| !self.taken.contains(&self.keys[*j])) {
+            let key: Vec<u64> = free
+                .iter()
+                .flat_map(|&k| KNOB_COLUMNS[k].iter().map(move |&c| self.x[j][c].to_bits()))
+                .collect();
+            let moved = KNOB_COLUMNS
+                .iter()
+                .enumerate()
+                .filter(|(k, cols)| !free.contains(k) && differs(j, cols))
+                .count();
+            if !free.iter().any(|&k| differs(j, KNOB_COLUMNS[k])) {
+                continue; // not a move along the free knobs
+            }
+            let g = groups.entry(key).or_insert((usize::MAX, Vec::new()));
+            if moved < g.0 {
+                *g = (moved, vec![j]);
+            } else if moved == g.0 {
+                g.1.push(j);
+            }
+        }
+        let mut out: Vec<usize> = groups.into_values().flat_map(|g| g.1).collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The memory threshold model fitted to the trials so far; None without an [`Encoding`].
     fn fits(&self) -> Option<Fits> {
         self.settings.encoding?;
@@ -455,18 +489,7 @@ impl<'a> State<'a> {
                     .map(|_| rng.usize(..KNOB_COLUMNS.len()))
                     .chain([GLOBAL_BATCH_KNOB])
                     .collect();
-                let xb = &self.x[b];
-                let same = |j: usize| {
-                    KNOB_COLUMNS
-                        .iter()
-                        .enumerate()
-                        .all(|(k, cols)| free.contains(&k) || cols.iter().all(|&c| self.x[j][c] == xb[c]))
-                };
-                scored.extend(
-                    (0..self.space.len())
-                        .filter(|&j| !self.taken.contains(&self.keys[j]) && same(j))
-                        .map(|j| (j, score(j))),
-                );
+                scored.extend(self.subspace(b, &free).into_iter().map(|j| (j, score(j))));
                 if !scored.is_empty() {
                     break;
                 }
@@ -631,4 +654,65 @@ pub fn trials_to_reach(trials: &[Trial], optimum: f64, tol: f64) -> Option<usize
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::{self, SpaceSpec};
+    use exatrain_spec::presets;
+
+    fn state<'a>(space: &'a [ParallelConfig], settings: &'a Settings) -> State<'a> {
+        let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, None)).collect();
+        State {
+            knobs: Knobs::build(&x, (0..space.len()).collect(), 0),
+            keys: space.iter().map(cfg_key).collect(),
+            x,
+            space,
+            settings,
+            done: Vec::new(),
+            taken: HashSet::new(),
+            prior: vec![0.0; space.len()],
+        }
+    }
+
+    #[test]
+    fn a_subspace_lets_conditional_knobs_follow() {
+        let m = presets::model("gpt-22b").unwrap();
+        let space: Vec<ParallelConfig> = space::configs(&m, &SpaceSpec::new(128, 1024)).collect();
+        let settings = Settings::new(Strategy::Bayes, 10, 0);
+        let st = state(&space, &settings);
+        let find = |f: &dyn Fn(&ParallelConfig) -> bool| space.iter().position(|c| f(c)).unwrap();
+        // tp 2 with sequence parallelism, pp 2 interleaved: along tp, tp 1 (no SP) is reachable,
+        // along pp, pp 1 (no interleaving) is, and nothing else changes that need not
+        let b = find(&|c| c.tp == 2 && c.pp == 2 && c.sequence_parallel && c.virtual_stages == 4 && c.zero == 1);
+        let base = space[b];
+        let along_tp: Vec<ParallelConfig> = st
+            .subspace(b, &[0, GLOBAL_BATCH_KNOB])
+            .iter()
+            .map(|&j| space[j])
+            .collect();
+        assert!(along_tp.iter().any(|c| c.tp == 1 && !c.sequence_parallel));
+        assert!(along_tp
+            .iter()
+            .all(|c| c.tp != 2 && c.pp == 2 && c.zero == 1 && c.micro_batch == base.micro_batch));
+        assert!(
+            along_tp.iter().all(|c| c.tp == 1 || c.sequence_parallel),
+            "SP kept where it exists"
+        );
+        let along_pp: Vec<ParallelConfig> = st
+            .subspace(b, &[1, GLOBAL_BATCH_KNOB])
+            .iter()
+            .map(|&j| space[j])
+            .collect();
+        assert!(along_pp.iter().any(|c| c.pp == 1 && c.virtual_stages == 1));
+        assert!(along_pp.iter().all(|c| c.pp != 2 && c.tp == 2));
+        // along two knobs at once: pp 1 with ZeRO-3 (ZeRO-2/3 only without a pipeline)
+        let pp_zero: Vec<ParallelConfig> = st
+            .subspace(b, &[1, 4, GLOBAL_BATCH_KNOB])
+            .iter()
+            .map(|&j| space[j])
+            .collect();
+        assert!(pp_zero.iter().any(|c| c.pp == 1 && c.zero == 3));
+    }
 }
