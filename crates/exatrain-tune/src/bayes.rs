@@ -304,6 +304,21 @@ struct State<'a> {
 }
 
 impl<'a> State<'a> {
+    /// A search that has seen nothing yet; `prior` holds one ln value per layout (zeros for none).
+    fn new(space: &'a [ParallelConfig], settings: &'a Settings, prior: Vec<f64>) -> Self {
+        let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, settings.encoding.as_ref())).collect();
+        State {
+            knobs: Knobs::build(&x, (0..space.len()).collect(), 0),
+            keys: space.iter().map(cfg_key).collect(),
+            x,
+            space,
+            settings,
+            done: Vec::new(),
+            taken: HashSet::new(),
+            prior,
+        }
+    }
+
     fn index_of(&self, c: &ParallelConfig) -> Option<usize> {
         let k = cfg_key(c);
         self.keys.iter().position(|x| *x == k)
@@ -328,14 +343,17 @@ impl<'a> State<'a> {
         }
     }
 
-    /// Layouts at most two knobs away from `i`. The knobs are tp, pp, micro-batch, ZeRO, the
-    /// attention mode (recompute × flash, one knob since flash excludes selective), sequence
-    /// parallelism, virtual stages and rank order; dp and the batch follow from them.
+    /// Layouts at most `radius` knobs of [`KNOB_COLUMNS`] away from `i` (attention mode is one
+    /// knob since flash excludes selective); a change of the global batch alone does not count,
+    /// it follows from dp.
     fn neighbours(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
-        const KNOBS: [&[usize]; 8] = [&[0], &[1], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12]];
         let xi = &self.x[i];
         self.x.iter().enumerate().filter_map(move |(j, xj)| {
-            let moved = KNOBS.iter().filter(|k| k.iter().any(|&f| xi[f] != xj[f])).count();
+            let moved = KNOB_COLUMNS
+                .iter()
+                .enumerate()
+                .filter(|(k, cols)| *k != GLOBAL_BATCH_KNOB && cols.iter().any(|&f| xi[f] != xj[f]))
+                .count();
             (j != i && moved <= self.settings.radius).then_some(j)
         })
     }
@@ -349,6 +367,9 @@ impl<'a> State<'a> {
         let differs = |j: usize, cols: &[usize]| cols.iter().any(|&c| self.x[j][c] != xb[c]);
         let mut groups: std::collections::HashMap<Vec<u64>, (usize, Vec<usize>)> = Default::default();
         for j in (0..self.space.len()).filter(|j| !self.taken.contains(&self.keys[*j])) {
+            if !free.iter().any(|&k| differs(j, KNOB_COLUMNS[k])) {
+                continue; // not a move along the free knobs
+            }
             let key: Vec<u64> = free
                 .iter()
                 .flat_map(|&k| KNOB_COLUMNS[k].iter().map(move |&c| self.x[j][c].to_bits()))
@@ -358,9 +379,6 @@ impl<'a> State<'a> {
                 .enumerate()
                 .filter(|(k, cols)| !free.contains(k) && differs(j, cols))
                 .count();
-            if !free.iter().any(|&k| differs(j, KNOB_COLUMNS[k])) {
-                continue; // not a move along the free knobs
-            }
             let g = groups.entry(key).or_insert((usize::MAX, Vec::new()));
             if moved < g.0 {
                 *g = (moved, vec![j]);
@@ -459,10 +477,11 @@ impl<'a> State<'a> {
         let runs = model(&xf, &yf, &mut rng);
         let progress = (n as f64 / self.settings.budget.max(1) as f64).min(1.0);
         let global = self.settings.global_every > 0 && n % self.settings.global_every == self.settings.global_every - 1;
-        let mut kappa = self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress);
-        if global {
-            kappa = self.settings.kappa_global;
-        }
+        let kappa = if global {
+            self.settings.kappa_global
+        } else {
+            self.settings.kappa * (self.settings.kappa_final / self.settings.kappa).powf(progress)
+        };
         let score = |i: usize| {
             let (residual, sigma) = value.predict(&self.x[i]);
             let mu = self.prior[i] + residual;
@@ -538,8 +557,6 @@ pub fn run(
     if space.is_empty() {
         return Err(SpecError::new("the search space is empty"));
     }
-    let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, settings.encoding.as_ref())).collect();
-    let keys: Vec<u128> = space.iter().map(cfg_key).collect();
     let prior = match &settings.prior {
         None => vec![0.0; space.len()],
         Some(p) if p.len() != space.len() => {
@@ -564,17 +581,7 @@ pub fn run(
             p.iter().map(|v| if v.is_finite() { *v } else { floor }).collect()
         }
     };
-    let knobs = Knobs::build(&x, (0..space.len()).collect(), 0);
-    let mut st = State {
-        knobs,
-        space,
-        x,
-        keys,
-        settings,
-        done: Vec::new(),
-        taken: HashSet::new(),
-        prior,
-    };
+    let mut st = State::new(space, settings, prior);
     let mut trials = Vec::new();
     let mut next_id = 0u64;
     for t in history {
@@ -662,27 +669,13 @@ mod tests {
     use crate::space::{self, SpaceSpec};
     use exatrain_spec::presets;
 
-    fn state<'a>(space: &'a [ParallelConfig], settings: &'a Settings) -> State<'a> {
-        let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, None)).collect();
-        State {
-            knobs: Knobs::build(&x, (0..space.len()).collect(), 0),
-            keys: space.iter().map(cfg_key).collect(),
-            x,
-            space,
-            settings,
-            done: Vec::new(),
-            taken: HashSet::new(),
-            prior: vec![0.0; space.len()],
-        }
-    }
-
     #[test]
     fn a_subspace_lets_conditional_knobs_follow() {
         let m = presets::model("gpt-22b").unwrap();
         let space: Vec<ParallelConfig> = space::configs(&m, &SpaceSpec::new(128, 1024)).collect();
         let settings = Settings::new(Strategy::Bayes, 10, 0);
-        let st = state(&space, &settings);
-        let find = |f: &dyn Fn(&ParallelConfig) -> bool| space.iter().position(|c| f(c)).unwrap();
+        let st = State::new(&space, &settings, vec![0.0; space.len()]);
+        let find = |f: &dyn Fn(&ParallelConfig) -> bool| space.iter().position(f).unwrap();
         // tp 2 with sequence parallelism, pp 2 interleaved: along tp, tp 1 (no SP) is reachable,
         // along pp, pp 1 (no interleaving) is, and nothing else changes that need not
         let b = find(&|c| c.tp == 2 && c.pp == 2 && c.sequence_parallel && c.virtual_stages == 4 && c.zero == 1);
