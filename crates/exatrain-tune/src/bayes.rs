@@ -64,7 +64,7 @@ impl Model {
 /// GP length scales per feature of [`features`] (starting points for the marginal-likelihood fit):
 /// one doubling of a size, one ZeRO stage, one recompute level, a switch, a rank-order position
 /// each count about as one unit; the bubble fraction varies on a scale of ~0.3.
-const LENGTHS: [f64; 22] = [
+const LENGTHS: [f64; LAYOUT_FEATURES + 4] = [
     1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0, 1.0,
 ];
 use crate::store::Trial;
@@ -190,12 +190,11 @@ impl Encoding {
     }
 }
 
-/// The column of [`features`] with ln(estimated memory per device / device memory).
-const MEMORY_FEATURE: usize = 20;
-
-fn is_oom(o: &Outcome) -> bool {
-    matches!(o, Outcome::OutOfMemory { .. })
-}
+/// Columns of [`features`] read from the layout alone; the four of [`Encoding::estimates`] follow.
+const LAYOUT_FEATURES: usize = 18;
+/// The column of [`features`] with ln(estimated memory per device / device memory): the third
+/// estimate.
+const MEMORY_FEATURE: usize = LAYOUT_FEATURES + 2;
 
 /// Numeric encoding of a layout for the surrogate (the last four columns are zero without an
 /// [`Encoding`]).
@@ -234,6 +233,7 @@ pub fn features(c: &ParallelConfig, enc: Option<&Encoding>) -> Vec<f64> {
             - l2(c.pp),
         l2(c.microbatches()),
     ];
+    debug_assert_eq!(f.len(), LAYOUT_FEATURES);
     f.extend(enc.map_or([0.0; 4], |e| e.estimates(c)));
     f
 }
@@ -592,7 +592,8 @@ pub fn run(
             )));
         };
         st.taken.insert(st.keys[i]);
-        st.done.push((i, t.outcome.value().map(f64::ln), is_oom(&t.outcome)));
+        st.done
+            .push((i, t.outcome.value().map(f64::ln), t.outcome.is_out_of_memory()));
         next_id = next_id.max(t.id + 1);
         trials.push(t);
     }
@@ -633,7 +634,8 @@ pub fn run(
             }
             let (id, i, outcome, seconds) = res_rx.recv().expect("a worker answers");
             pending.retain(|p| p.0 != id);
-            st.done.push((i, outcome.value().map(f64::ln), is_oom(&outcome)));
+            st.done
+                .push((i, outcome.value().map(f64::ln), outcome.is_out_of_memory()));
             let t = Trial {
                 id,
                 config: space[i],

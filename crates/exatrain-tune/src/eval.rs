@@ -29,6 +29,10 @@ impl Outcome {
             _ => None,
         }
     }
+
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Outcome::OutOfMemory { .. })
+    }
 }
 
 /// Something that measures a layout. Implementations must be safe to call from several worker
