@@ -37,6 +37,7 @@ use crate::exhaustive::cfg_key;
 use crate::fits::Fits;
 use crate::forest::Forest;
 use crate::gp::Gp;
+use crate::trend::{self, Trend, TERMS};
 
 /// The surrogate model of the objective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,9 @@ const LENGTHS: [f64; LAYOUT_FEATURES + 4] = [
     1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0, 1.0,
 ];
 use crate::store::Trial;
+
+/// Trials that must have run before the trend is fitted.
+const TREND_MIN: usize = 3;
 
 /// Which search.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +109,9 @@ pub struct Settings {
     pub prior: Option<Vec<f64>>,
     /// The model and machine sizes behind the memory features; None: layout features only.
     pub encoding: Option<Encoding>,
+    /// Without a prior but with an encoding: the surrogate's mean is a textbook step-time model
+    /// whose machine constants are fitted to the trials ([`crate::trend`]); false: a constant.
+    pub trend: bool,
 }
 
 impl Settings {
@@ -125,6 +132,7 @@ impl Settings {
             radius: 2,
             prior: None,
             encoding: None,
+            trend: true,
         }
     }
 }
@@ -301,13 +309,20 @@ struct State<'a> {
     taken: HashSet<u128>,
     /// ln(predicted throughput) per layout; all zeros without a prior
     prior: Vec<f64>,
+    /// The textbook terms of every layout, when the mean is a fitted trend.
+    terms: Option<Vec<[f64; TERMS]>>,
 }
 
 impl<'a> State<'a> {
     /// A search that has seen nothing yet; `prior` holds one ln value per layout (zeros for none).
     fn new(space: &'a [ParallelConfig], settings: &'a Settings, prior: Vec<f64>) -> Self {
         let x: Vec<Vec<f64>> = space.iter().map(|c| features(c, settings.encoding.as_ref())).collect();
+        let terms = match (&settings.encoding, &settings.prior, settings.trend) {
+            (Some(e), None, true) => Some(space.iter().map(|c| trend::terms(e, c)).collect()),
+            _ => None,
+        };
         State {
+            terms,
             knobs: Knobs::build(&x, (0..space.len()).collect(), 0),
             keys: space.iter().map(cfg_key).collect(),
             x,
@@ -403,6 +418,26 @@ impl<'a> State<'a> {
         Some(Fits::fit(&obs))
     }
 
+    /// ln(throughput) of every layout by the textbook trend fitted to the trials that ran; None
+    /// without terms or before [`TREND_MIN`] trials ran.
+    /// ln(throughput) of every layout by the textbook trend fitted to the trials that ran; None
+    /// without terms or before [`TREND_MIN`] trials ran.
+    fn trend(&self) -> Option<Vec<f64>> {
+        let terms = self.terms.as_ref()?;
+        let (rows, secs): (Vec<[f64; TERMS]>, Vec<f64>) = self
+            .done
+            .iter()
+            .filter_map(|&(i, v, _)| v.map(|v| (terms[i], (-v).exp())))
+            .unzip();
+        if rows.len() < TREND_MIN {
+            return None;
+        }
+        let fit = Trend::fit(&rows, &secs)?;
+        let ln: Vec<Option<f64>> = terms.iter().map(|t| fit.ln_throughput(t)).collect();
+        let floor = ln.iter().flatten().cloned().fold(f64::INFINITY, f64::min);
+        Some(ln.into_iter().map(|v| v.unwrap_or(floor)).collect())
+    }
+
     /// The untried layout the prior rates best (ties: the smaller key).
     fn best_by_prior(&self) -> Option<usize> {
         (0..self.space.len())
@@ -417,10 +452,12 @@ impl<'a> State<'a> {
     /// Proposal number `n`, with `pending` space indices still running.
     fn propose(&self, n: u64, pending: &[usize]) -> Option<usize> {
         let mut rng = rng_for(self.settings.seed, n);
+        let trend = self.trend();
+        let prior: &[f64] = trend.as_deref().unwrap_or(&self.prior);
         let successes: Vec<f64> = self
             .done
             .iter()
-            .filter_map(|&(i, v, _)| v.map(|v| v - self.prior[i]))
+            .filter_map(|&(i, v, _)| v.map(|v| v - prior[i]))
             .collect();
         if self.settings.strategy == Strategy::Random {
             return self.random_free(&mut rng);
@@ -456,7 +493,7 @@ impl<'a> State<'a> {
         for &(i, v, oom) in &self.done {
             if let Some(v) = v {
                 xs.push(self.x[i].clone());
-                ys.push(v - self.prior[i]);
+                ys.push(v - prior[i]);
             }
             xf.push(self.x[i].clone());
             yf.push(if v.is_some() || (oom && fits.is_some()) {
@@ -484,7 +521,7 @@ impl<'a> State<'a> {
         };
         let score = |i: usize| {
             let (residual, sigma) = value.predict(&self.x[i]);
-            let mu = self.prior[i] + residual;
+            let mu = prior[i] + residual;
             // Optimistic about feasibility too: an untried region is not written off.
             let (p_run, p_sigma) = runs.predict(&self.x[i]);
             let p_fit = fits.map_or(1.0, |f| f.p(self.x[i][MEMORY_FEATURE]));

@@ -84,7 +84,9 @@ impl Fits {
 
 /// The negative log posterior of (a, b): the logistic loss plus the Gaussian prior.
 fn neg_log_posterior(w: [f64; 2], obs: &[(f64, bool)]) -> f64 {
-    let prior: f64 = (0..2).map(|k| (w[k] - PRIOR[k].0).powi(2) / (2.0 * PRIOR[k].1.powi(2))).sum();
+    let prior: f64 = (0..2)
+        .map(|k| (w[k] - PRIOR[k].0).powi(2) / (2.0 * PRIOR[k].1.powi(2)))
+        .sum();
     // −ln σ(z) = ln(1 + e^{−z}), written to stay finite for large |z|
     let softplus = |z: f64| z.max(0.0) + (-z.abs()).exp().ln_1p();
     let loss: f64 = obs

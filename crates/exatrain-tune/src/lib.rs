@@ -18,3 +18,4 @@ pub mod forest;
 pub mod gp;
 pub mod space;
 pub mod store;
+pub mod trend;
