@@ -60,8 +60,18 @@ pub fn terms(e: &Encoding, c: &ParallelConfig) -> [f64; TERMS] {
         };
     // Adam in mixed precision reads and writes ~16 bytes per parameter it owns.
     let opt_bytes = 16.0 * e.params / (t * p) / if c.zero >= 1 { d } else { 1.0 };
-    let inside = |dim: Dim| (c.size(dim) * c.stride(dim)) <= e.devices_per_node;
-    let split = |bytes: f64, dim: Dim| if inside(dim) { (bytes, 0.0) } else { (0.0, bytes) };
+    // A group inside a node talks over its links; one that spans nodes sends one ring edge per
+    // node through the node's NICs, which every group with members on that node shares: the
+    // bytes a NIC carries are the rank's bytes times the rings crossing it.
+    let gpn = e.devices_per_node;
+    let split = |bytes: f64, dim: Dim| {
+        let (size, stride) = (c.size(dim), c.stride(dim));
+        if size * stride <= gpn {
+            return (bytes, 0.0);
+        }
+        let per_node = if stride < gpn { (gpn / stride).clamp(1, size) } else { 1 };
+        (0.0, bytes * (gpn / per_node).max(1) as f64)
+    };
     let (tp_in, tp_out) = split(tp_bytes, Dim::Tp);
     let (dp_in, dp_out) = split(dp_bytes, Dim::Dp);
     let per_token = 1.0 / (c.global_batch as f64 * e.seq);
