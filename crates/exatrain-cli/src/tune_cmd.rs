@@ -96,6 +96,11 @@ pub struct TuneArgs {
     /// design, and the surrogate learns how far the measurements are from the model.
     #[arg(long)]
     pub prior: Option<String>,
+    /// With --strategy bayes: a constant mean for the surrogate instead of the textbook
+    /// step-time trend whose machine constants are fitted to the trials (an ablation; with
+    /// --prior the cost model is the mean and the trend is not used).
+    #[arg(long)]
+    pub no_trend: bool,
     /// Largest micro-batch considered.
     #[arg(long, default_value_t = 16)]
     pub max_micro_batch: u32,
@@ -147,6 +152,8 @@ struct Meta {
     trial_steps: u64,
     #[serde(default)]
     prior: Option<ClusterSpec>,
+    #[serde(default)]
+    no_trend: bool,
 }
 
 fn parse_list<T>(s: &str, flag: &str, f: impl Fn(&str) -> Result<T, SpecError>) -> Result<Vec<T>, SpecError> {
@@ -385,10 +392,16 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                 launcher: a.launcher.clone(),
                 trial_steps: a.trial_steps,
                 prior: a.prior.as_deref().map(exatrain_spec::load::cluster).transpose()?,
+                no_trend: a.no_trend,
             };
             if meta.prior.is_some() && meta.strategy != StrategyArg::Bayes {
                 return Err(SpecError::new(
                     "--prior seeds the Bayesian search: use it with --strategy bayes",
+                ));
+            }
+            if meta.no_trend && meta.strategy != StrategyArg::Bayes {
+                return Err(SpecError::new(
+                    "--no-trend sets the Bayesian surrogate's mean: use it with --strategy bayes",
                 ));
             }
             if meta.evaluator == EvaluatorArg::Train {
@@ -583,6 +596,7 @@ fn black_box_search(
     settings.parallel = meta.parallel_trials;
     settings.prior = meta.prior.as_ref().map(|p| prior_of(meta, &space, p));
     settings.encoding = Some(bayes::Encoding::new(model, cluster));
+    settings.trend = !meta.no_trend;
     let done = history.len() as u64;
     let pb = progress_bar(meta.budget.min(space.len()) as u64, "trials");
     pb.set_position(done);

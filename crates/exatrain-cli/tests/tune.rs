@@ -112,6 +112,10 @@ fn tune_bad_input_is_a_clear_error() {
             &["tune", "--strategy", "bayes", "--evaluator", "command", "--gpus", "64"],
             "needs --eval-cmd",
         ),
+        (
+            &["tune", "--strategy", "random", "--no-trend", "--gpus", "64"],
+            "--no-trend sets the Bayesian surrogate's mean: use it with --strategy bayes",
+        ),
         (&["tune", "--zero", "4"], "--zero 4 is not a ZeRO stage"),
         (&["tune", "--gpus", "64..8"], "the range is empty"),
         (&["tune", "--resume", "/nonexistent/exatrain"], "cannot read"),
@@ -122,6 +126,57 @@ fn tune_bad_input_is_a_clear_error() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: got {err}, want {want}");
     }
+}
+
+#[test]
+fn no_trend_is_stored_and_kept_on_resume() {
+    // The same seeded search over the cost model with and without the fitted trend: the trials
+    // after the random initial design differ, and a resumed --no-trend search stays one.
+    let dir = tmp("no-trend");
+    let search = |name: &str, budget: &str, extra: &[&str]| {
+        let out = dir.join(name);
+        let mut args = vec![
+            "tune",
+            "--model",
+            "gpt-22b",
+            "--gpus",
+            "64",
+            "--global-batch",
+            "256",
+            "--strategy",
+            "bayes",
+            "--budget",
+            budget,
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend(extra);
+        let o = exatrain(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        lines(&out)
+            .iter()
+            .map(|t| t["config"].to_string())
+            .collect::<Vec<String>>()
+    };
+    let trend = search("trend", "16", &[]);
+    let flat = search("flat", "14", &["--no-trend"]);
+    assert_eq!(trend[..10], flat[..10], "same initial design");
+    assert_ne!(trend[10..14], flat[10..14], "the mean steers the search");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("flat/search.json")).unwrap()).unwrap();
+    assert_eq!(meta["no_trend"], true);
+    let resumed = exatrain(&["tune", "--resume", dir.join("flat").to_str().unwrap(), "--budget", "16"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let again = search("flat-whole", "16", &["--no-trend"]);
+    let flat: Vec<String> = lines(&dir.join("flat"))
+        .iter()
+        .map(|t| t["config"].to_string())
+        .collect();
+    assert_eq!(
+        flat, again,
+        "a resumed --no-trend search proposes what the whole one does"
+    );
 }
 
 fn fake_trainer(dir: &Path) -> String {

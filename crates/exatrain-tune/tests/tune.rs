@@ -8,6 +8,7 @@ use exatrain_tune::eval::{CommandEval, CostModel, Evaluator, Metric, Outcome};
 use exatrain_tune::exhaustive::{self, cfg_key};
 use exatrain_tune::space::{self, SpaceSpec};
 use exatrain_tune::store::{Store, Trial};
+use exatrain_tune::trend::{self, Trend};
 
 fn tiny() -> exatrain_spec::ModelSpec {
     ModelFile {
@@ -439,4 +440,96 @@ fn the_throughput_may_come_from_a_file_the_trial_writes() {
     };
     let err = CommandEval::new("true", 8, Duration::from_secs(5), bad).err().unwrap();
     assert!(err.0.contains("the report path: unknown placeholder {out}"), "{err}");
+}
+
+/// Spearman's rank correlation.
+fn spearman(a: &[f64], b: &[f64]) -> f64 {
+    let ranks = |v: &[f64]| {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        idx.sort_by(|x, y| v[*x].total_cmp(&v[*y]));
+        let mut r = vec![0.0; v.len()];
+        for (k, i) in idx.into_iter().enumerate() {
+            r[i] = k as f64;
+        }
+        r
+    };
+    let (ra, rb) = (ranks(a), ranks(b));
+    let n = a.len() as f64;
+    let mean = (n - 1.0) / 2.0;
+    let cov: f64 = ra.iter().zip(&rb).map(|(x, y)| (x - mean) * (y - mean)).sum();
+    let var: f64 = ra.iter().map(|x| (x - mean).powi(2)).sum();
+    cov / var
+}
+
+#[test]
+fn the_trend_fitted_to_a_few_trials_ranks_the_layouts_it_has_not_seen() {
+    // Fit the textbook trend's constants to 15 random layouts that ran (the cost model's
+    // throughput), then rank every other layout that runs.
+    for (model, gpus, gbs) in [("gpt-22b", 128, 1024), ("gpt-175b", 1024, 1024), ("gpt-1t", 3072, 3072)] {
+        let m = presets::model(model).unwrap();
+        let c = presets::cluster("frontier").unwrap();
+        let enc = bayes::Encoding::new(&m, &c);
+        let runs: Vec<(ParallelConfig, f64)> = space::configs(&m, &SpaceSpec::new(gpus, gbs))
+            .filter_map(|p| plan(&m, &c, &p).ok().filter(|x| x.fits).map(|x| (p, x.tokens_per_s)))
+            .collect();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let seen: Vec<usize> = (0..15).map(|_| rng.usize(..runs.len())).collect();
+        let rows: Vec<_> = seen.iter().map(|&i| trend::terms(&enc, &runs[i].0)).collect();
+        let secs: Vec<f64> = seen.iter().map(|&i| 1.0 / runs[i].1).collect();
+        let fit = Trend::fit(&rows, &secs).unwrap();
+        let unseen: Vec<&(ParallelConfig, f64)> = runs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !seen.contains(i))
+            .map(|x| x.1)
+            .collect();
+        let pred: Vec<f64> = unseen
+            .iter()
+            .map(|(p, _)| fit.ln_throughput(&trend::terms(&enc, p)).unwrap())
+            .collect();
+        let truth: Vec<f64> = unseen.iter().map(|x| x.1.ln()).collect();
+        let rho = spearman(&pred, &truth);
+        let mut err: Vec<f64> = pred.iter().zip(&truth).map(|(p, t)| (p - t).abs()).collect();
+        err.sort_by(|a, b| a.total_cmp(b));
+        let median_err = err[err.len() / 2];
+        eprintln!(
+            "{model}: Spearman {rho:.3}, median |ln error| {median_err:.3} over {} layouts",
+            unseen.len()
+        );
+        assert!(rho > 0.9, "{model}: Spearman {rho:.3}");
+        assert!(median_err < 0.1, "{model}: median |ln error| {median_err:.3}");
+    }
+}
+
+#[test]
+fn the_fitted_trend_as_mean_reaches_the_optimum_in_fewer_trials() {
+    // The benchmark's 22B problem with the default rank order: the GP with the textbook trend as
+    // its mean against the GP with a constant mean, 6 seeds each.
+    let m = presets::model("gpt-22b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let s = SpaceSpec {
+        orders: vec![RankOrder::default()],
+        ..SpaceSpec::new(128, 1024)
+    };
+    let space: Vec<_> = space::configs(&m, &s).collect();
+    let optimum = exhaustive::search(&m, &c, &s, 1, &|_| {}).best[0].plan.tokens_per_s;
+    let eval = CostModel { model: &m, cluster: &c };
+    let trials = |seed: u64, trend: bool| {
+        let settings = Settings {
+            encoding: Some(bayes::Encoding::new(&m, &c)),
+            trend,
+            ..Settings::new(Strategy::Bayes, 50, seed)
+        };
+        let t = bayes::run(&space, &eval, &settings, Vec::new(), &mut |_| Ok(())).unwrap();
+        bayes::trials_to_reach(&t, optimum, 0.02).unwrap_or(51)
+    };
+    let median = |mut v: Vec<usize>| {
+        v.sort();
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) as f64 / 2.0
+    };
+    let with = median((0..6).map(|s| trials(s, true)).collect());
+    let without = median((0..6).map(|s| trials(s, false)).collect());
+    eprintln!("median trials to within 2 %: {with} with the trend, {without} without");
+    assert!(with < without, "{with} with the trend, {without} without");
+    assert!(with <= 30.0, "{with}");
 }
