@@ -61,7 +61,7 @@ fn main() {
     let budget = 100;
     println!("\n## black-box search with the cost model as the objective ({seeds} seeds, budget {budget})");
     println!(
-        "{:<10} {:>6} {:>8} {:>5} {:<8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "{:<10} {:>6} {:>8} {:>5} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "model", "gpus", "space", "<2%", "strategy", "trials→2%", "trials→5%", "trials→10%", "best@30", "best@100"
     );
     for (model, gpus, gbs) in [
@@ -81,7 +81,13 @@ fn main() {
             .filter(|r| r.plan.tokens_per_s >= 0.98 * optimum)
             .count();
         let eval = CostModel { model: &m, cluster: &c };
-        for (name, strategy) in [("bayes", Strategy::Bayes), ("random", Strategy::Random)] {
+        // bayes: the GP's mean is the textbook trend fitted to the trials; bayes-flat: a constant
+        // mean (the ablation, `tune --no-trend`)
+        for (name, strategy, trend) in [
+            ("bayes", Strategy::Bayes, true),
+            ("bayes-flat", Strategy::Bayes, false),
+            ("random", Strategy::Random, false),
+        ] {
             use rayon::prelude::*;
             // one row per seed: trials to 2 %, 5 %, 10 %, best after 30 and 100 trials
             let rows: Vec<[f64; 5]> = (0..seeds)
@@ -92,6 +98,7 @@ fn main() {
                         &eval,
                         &Settings {
                             encoding: Some(bayes::Encoding::new(&m, &c)),
+                            trend,
                             ..Settings::new(strategy, budget, seed)
                         },
                         Vec::new(),
@@ -115,7 +122,7 @@ fn main() {
                 }
             };
             println!(
-                "{:<10} {:>6} {:>8} {:>5} {:<8} {:>10} {:>10} {:>10} {:>9.1}% {:>9.1}%",
+                "{:<10} {:>6} {:>8} {:>5} {:<10} {:>10} {:>10} {:>10} {:>9.1}% {:>9.1}%",
                 model,
                 gpus,
                 space.len(),
