@@ -5,6 +5,11 @@
 //!   switches, the position of each dimension in the rank order, a few derived quantities such
 //!   as the bubble fraction and, given an [`Encoding`] of the model and machine sizes, textbook
 //!   memory estimates); the target is ln(throughput).
+//! - Mean: with an [`Encoding`] and no prior, a textbook step-time model whose machine constants
+//!   are refitted to the trials at every proposal ([`crate::trend`]); the surrogate learns the
+//!   residual ln(measured) − ln(trend), so one knob away from the incumbent it predicts what the
+//!   terms say (tp 2 → 1 drops the TP bytes) instead of falling back to the average of the
+//!   trials. `trend: false` keeps a constant mean.
 //! - Acquisition: UCB `μ + κ·σ` plus ln P(runs). Local proposals (two in three) maximize it over
 //!   a random subspace of one or two knobs through the best layout seen (LineBO; the knobs that
 //!   depend on them follow, as sequence parallelism does when tp becomes 1), with κ
