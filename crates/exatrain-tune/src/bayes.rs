@@ -425,8 +425,6 @@ impl<'a> State<'a> {
 
     /// ln(throughput) of every layout by the textbook trend fitted to the trials that ran; None
     /// without terms or before [`TREND_MIN`] trials ran.
-    /// ln(throughput) of every layout by the textbook trend fitted to the trials that ran; None
-    /// without terms or before [`TREND_MIN`] trials ran.
     fn trend(&self) -> Option<Vec<f64>> {
         let terms = self.terms.as_ref()?;
         let (rows, secs): (Vec<[f64; TERMS]>, Vec<f64>) = self
@@ -457,6 +455,9 @@ impl<'a> State<'a> {
     /// Proposal number `n`, with `pending` space indices still running.
     fn propose(&self, n: u64, pending: &[usize]) -> Option<usize> {
         let mut rng = rng_for(self.settings.seed, n);
+        if self.settings.strategy == Strategy::Random {
+            return self.random_free(&mut rng);
+        }
         let trend = self.trend();
         let prior: &[f64] = trend.as_deref().unwrap_or(&self.prior);
         let successes: Vec<f64> = self
@@ -464,9 +465,6 @@ impl<'a> State<'a> {
             .iter()
             .filter_map(|&(i, v, _)| v.map(|v| v - prior[i]))
             .collect();
-        if self.settings.strategy == Strategy::Random {
-            return self.random_free(&mut rng);
-        }
         if self.done.len() + pending.len() < self.settings.initial || successes.is_empty() {
             return match (&self.settings.prior, self.fits()) {
                 (Some(_), _) => self.best_by_prior(),

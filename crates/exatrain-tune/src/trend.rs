@@ -6,8 +6,8 @@
 //! per FLOP, per byte, per kernel) that the search does *not* know: it is fitted to the trials
 //! so far by non-negative least squares on relative error. The model knows the shapes of the
 //! model and the node size (from [`Encoding`]); it never sees the machine's speeds, nor the
-//! objective's code. The GP then learns what the terms miss (GEMM efficiency by shape, overlap,
-//! link contention) as the residual `ln(measured) − ln(trend)`.
+//! objective's code. The GP then learns what the terms miss (GEMM efficiency by shape, overlap
+//! of communication with compute, latencies) as the residual `ln(measured) − ln(trend)`.
 
 use exatrain_spec::{Dim, ParallelConfig, Recompute};
 
@@ -22,9 +22,10 @@ pub fn terms(e: &Encoding, c: &ParallelConfig) -> [f64; TERMS] {
     let (t, p, d) = (c.tp as f64, c.pp as f64, c.dp as f64);
     let m = c.microbatches() as f64;
     let v = c.virtual_stages as f64;
-    let tokens_mb = c.micro_batch as f64 * e.seq; // tokens per microbatch
-    let layers = e.layers / p; // per stage
-                               // microbatch slots on a stage's critical path: m of its own, (p − 1)/v of fill and drain
+    // tokens per microbatch, layers per stage
+    let tokens_mb = c.micro_batch as f64 * e.seq;
+    let layers = e.layers / p;
+    // microbatch slots on a stage's critical path: m of its own, (p − 1)/v of fill and drain
     let slots = m + (p - 1.0) / v;
     // One microbatch on one device: 6·N/(p·t) FLOPs per token for the weights, 12·s·h per layer
     // per token for attention scores; full recomputation repeats the forward (4/3), selective
