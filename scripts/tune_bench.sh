@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The tuner over real trainer runs on this machine (issue 7's target): every layout of a small
 # problem (GPUS in-process ranks, default 2: one per core) run once with `tune --evaluator train`; the planner's factors fitted
-# to 3 of those runs; then the Bayesian search replayed over the measured table (10 seeds), cold
-# and seeded by the fitted cost model (--prior): trials until a layout within 5 % of the best.
+# to 3 of those runs; then the Bayesian search replayed over the measured table (10 seeds): cold
+# (the fitted textbook trend as the GP's mean), cold with a constant mean (--no-trend), and seeded
+# by the fitted cost model (--prior): trials until a layout within 5 % of the best.
 # Usage: [GPUS=2|4] scripts/tune_bench.sh [WORKDIR]   (~4 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +55,8 @@ N=$(python3 -c "import json; print(json.load(open('$W/all.json'))['space'])")
 B=$(( (N + 2) / 3 ))
 CMD="python3 $W/lookup.py $W {tp}-{pp}-{dp}-{micro_batch}-{zero}-{recompute}-{sequence_parallel}-{virtual_stages}"
 for seed in 0 1 2 3 4 5 6 7 8 9; do
-  for how in cold prior; do
-    extra=(); [ $how = prior ] && extra=(--prior "$W/fitted.toml")
+  for how in cold flat prior; do
+    extra=(); [ $how = prior ] && extra=(--prior "$W/fitted.toml"); [ $how = flat ] && extra=(--no-trend)
     "$X" tune "${SPACE[@]}" --cluster "$W/local.toml" --no-flash --strategy bayes --budget "$B" \
       --initial 5 --seed $seed --evaluator command --eval-cmd "$CMD" --out "$W/$how-$seed" "${extra[@]}" --json >/dev/null
   done
@@ -67,7 +68,7 @@ allv = [json.loads(l)["outcome"].get("value") for l in open(f"{w}/all/trials.jso
 best = max(v for v in allv if v)
 print(f"space {len(allv)} layouts, budget {budget} (a third); best measured {best:.0f} tokens/s")
 print(f"{'search':<7} {'median trials to 5 %':>21} {'reached (of 10)':>16} {'best found / best (median)':>27}")
-for how in ("cold", "prior"):
+for how in ("cold", "flat", "prior"):
     need, found = [], []
     for seed in range(10):
         vs = [json.loads(l)["outcome"].get("value") or 0 for l in open(f"{w}/{how}-{seed}/trials.jsonl")]
