@@ -174,6 +174,12 @@ impl Encoding {
         }
     }
 
+    /// Whether the `dim` groups of a layout each lie inside one node (the ranks a group spans,
+    /// size × stride, fit in a node).
+    pub fn inside_node(&self, c: &ParallelConfig, dim: Dim) -> bool {
+        c.size(dim) * c.stride(dim) <= self.devices_per_node
+    }
+
     /// (ln static bytes, ln activation bytes, ln their sum) per device relative to its memory,
     /// and 1 when the TP group lies inside a node.
     fn estimates(&self, c: &ParallelConfig) -> [f64; 4] {
@@ -197,7 +203,7 @@ impl Encoding {
         };
         let in_flight = (c.microbatches() as f64).min(pp);
         let act = per_layer * self.layers / pp * in_flight;
-        let inside = c.tp * c.stride(exatrain_spec::Dim::Tp) <= self.devices_per_node;
+        let inside = self.inside_node(c, Dim::Tp);
         let rel = |b: f64| (b / self.device_bytes).ln();
         [rel(stat), rel(act), rel(stat + act), inside as u8 as f64]
     }

@@ -66,10 +66,10 @@ pub fn terms(e: &Encoding, c: &ParallelConfig) -> [f64; TERMS] {
     // bytes a NIC carries are the rank's bytes times the rings crossing it.
     let gpn = e.devices_per_node;
     let split = |bytes: f64, dim: Dim| {
-        let (size, stride) = (c.size(dim), c.stride(dim));
-        if size * stride <= gpn {
+        if e.inside_node(c, dim) {
             return (bytes, 0.0);
         }
+        let (size, stride) = (c.size(dim), c.stride(dim));
         let per_node = if stride < gpn { (gpn / stride).clamp(1, size) } else { 1 };
         (0.0, bytes * (gpn / per_node).max(1) as f64)
     };
@@ -153,10 +153,10 @@ mod tests {
     #[test]
     fn recovers_nonnegative_constants_exactly() {
         let theta = [2e-12, 0.0, 3e-10, 1e-9, 0.0, 5e-10, 2e-9, 1e-11];
+        // a typical size of each term
+        let unit = [1e12, 1.0, 1e9, 1e9, 1e8, 1e9, 1e9, 1e10];
         let mut rng = fastrand::Rng::with_seed(7);
-        let rows: Vec<[f64; TERMS]> = (0..20)
-            .map(|_| std::array::from_fn(|k| rng.f64() * [1e12, 1.0, 1e9, 1e9, 1e8, 1e9, 1e9, 1e10][k]))
-            .collect();
+        let rows: Vec<[f64; TERMS]> = (0..20).map(|_| std::array::from_fn(|k| rng.f64() * unit[k])).collect();
         let y: Vec<f64> = rows
             .iter()
             .map(|r| r.iter().zip(&theta).map(|(a, b)| a * b).sum())
@@ -164,9 +164,8 @@ mod tests {
         let fit = Trend::fit(&rows, &y).unwrap();
         for k in 0..TERMS {
             // compare in the units of each column (θ_k times its typical term)
-            let unit = [1e12, 1.0, 1e9, 1e9, 1e8, 1e9, 1e9, 1e10][k];
             assert!(
-                ((fit.theta[k] - theta[k]) * unit).abs() < 1e-6,
+                ((fit.theta[k] - theta[k]) * unit[k]).abs() < 1e-6,
                 "theta[{k}] = {} not {}",
                 fit.theta[k],
                 theta[k]
