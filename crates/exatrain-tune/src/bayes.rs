@@ -464,14 +464,8 @@ impl<'a> State<'a> {
         if self.settings.strategy == Strategy::Random {
             return self.random_free(&mut rng);
         }
-        let trend = self.trend();
-        let prior: &[f64] = trend.as_deref().unwrap_or(&self.prior);
-        let successes: Vec<f64> = self
-            .done
-            .iter()
-            .filter_map(|&(i, v, _)| v.map(|v| v - prior[i]))
-            .collect();
-        if self.done.len() + pending.len() < self.settings.initial || successes.is_empty() {
+        let any_ran = self.done.iter().any(|d| d.1.is_some());
+        if self.done.len() + pending.len() < self.settings.initial || !any_ran {
             return match (&self.settings.prior, self.fits()) {
                 (Some(_), _) => self.best_by_prior(),
                 (None, None) => self.random_free(&mut rng),
@@ -488,7 +482,15 @@ impl<'a> State<'a> {
                 }
             };
         }
-        // Targets are residuals from the prior (the plain ln values without one).
+        // Targets are residuals from the prior, or from the fitted trend (the plain ln values
+        // without either).
+        let trend = self.trend();
+        let prior: &[f64] = trend.as_deref().unwrap_or(&self.prior);
+        let successes: Vec<f64> = self
+            .done
+            .iter()
+            .filter_map(|&(i, v, _)| v.map(|v| v - prior[i]))
+            .collect();
         let lo = successes.iter().cloned().fold(f64::INFINITY, f64::min);
         // Two surrogates: ln(throughput) on the trials that ran (pending ones at the worst value:
         // the constant liar), and the probability that a layout runs at all (fits, does not crash).
