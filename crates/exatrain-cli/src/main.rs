@@ -1,17 +1,20 @@
 //! `exatrain`: plan, validate and tune parallel layouts for training large language models.
 
+mod agree;
 mod args;
 mod calibrate_cmd;
 mod fidelity_cmd;
 mod plan_cmd;
 mod reports;
+mod run_folder;
+mod sample_cmd;
 mod study_cmd;
 mod table;
 mod train_cmd;
 mod tune_cmd;
 mod validate;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Find and check the parallel strategy that trains a model fastest on a machine.
 #[derive(Parser)]
@@ -37,9 +40,9 @@ enum Command {
     /// Train a GPT model for real on this machine (default: gpt-mini on the bundled corpus).
     Train(train_cmd::TrainArgs),
     /// Generate text from a checkpoint.
-    Sample(train_cmd::SampleArgs),
+    Sample(sample_cmd::SampleArgs),
     /// Write a checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
-    ExportHf(train_cmd::ExportHfArgs),
+    ExportHf(sample_cmd::ExportHfArgs),
     /// Measure this machine (GEMM curve, memory bandwidth, collectives) and write it as a cluster
     /// TOML; --fit fits its efficiency factors to trainer reports.
     Calibrate(calibrate_cmd::CalibrateArgs),
@@ -61,16 +64,31 @@ fn main() {
         }
         default_hook(info);
     }));
-    let cli = Cli::parse();
+    // Negative numbers reach the value checks (`--lr -1` is named as a bad --lr, not an
+    // unknown flag); a parse error is one line naming the flag, exit code 2.
+    fn negatives(c: clap::Command) -> clap::Command {
+        c.allow_negative_numbers(true).mut_subcommands(negatives)
+    }
+    let matches = match negatives(Cli::command()).try_get_matches() {
+        Ok(m) => m,
+        Err(e) if e.use_stderr() => {
+            let text = e.render().to_string();
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad arguments");
+            eprintln!("{first} (see --help)");
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
         Command::Plan(a) => plan_cmd::run(a),
         Command::Validate(a) => validate::run(a),
         Command::Tune(a) => tune_cmd::run(a),
         Command::Study(a) => study_cmd::run_study(a),
         Command::Export(a) => study_cmd::run_export(a),
-        Command::Train(a) => train_cmd::run_train(a),
-        Command::Sample(a) => train_cmd::run_sample(a),
-        Command::ExportHf(a) => train_cmd::run_export_hf(a),
+        Command::Train(a) => train_cmd::run_train(a, train_cmd::Given(matches.subcommand_matches("train"))),
+        Command::Sample(a) => sample_cmd::run_sample(a),
+        Command::ExportHf(a) => sample_cmd::run_export_hf(a),
         Command::Calibrate(a) => calibrate_cmd::run(a),
         Command::Fidelity(a) => fidelity_cmd::run(a),
     };

@@ -1,16 +1,20 @@
-//! `exatrain train`, `exatrain sample`, `exatrain export-hf`.
+//! `exatrain train`: resolve the run (a new one from the flags, or a resumed one from its
+//! checkpoint with the flags given on purpose applied), then run it on one process, on
+//! in-process ranks, or as one rank of an MPI job.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
 use exatrain_parallel::comm::Communicator;
 use exatrain_spec::{load, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute, SpecError};
 use exatrain_train::checkpoint;
 use exatrain_train::data;
-use exatrain_train::model::Gpt;
 use exatrain_train::parallel::{self, Options, RankReport, RankResult, Schedule, Start};
-use exatrain_train::train::{self, TrainConfig, Trainer};
+use exatrain_train::train::{TrainConfig, Trainer};
+use serde::{Deserialize, Serialize};
+
+use crate::run_folder::{self, Progress};
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
 
@@ -22,7 +26,7 @@ pub struct TrainArgs {
     /// A text file to tokenize, or a folder made from one [default: the bundled public-domain corpus].
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Optimizer steps (with --resume: the total to reach).
+    /// Optimizer steps in all (with --resume: the run's own total unless given; more extends it).
     #[arg(long, default_value_t = 200)]
     pub steps: u64,
     /// Sequences per forward/backward.
@@ -64,13 +68,27 @@ pub struct TrainArgs {
     /// Run folder: checkpoints, metrics.jsonl, the tokenized data.
     #[arg(long, default_value = "runs/train")]
     pub out: PathBuf,
-    /// Continue a run (its folder or a checkpoint); --steps may extend it.
+    /// Continue a run (its folder or a checkpoint) with its own steps, schedule, batch and
+    /// layout; a flag given with it changes that setting on purpose (and is reported).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start over in an --out folder that already holds a run (deletes its checkpoints and metrics).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Stop when the loss exceeds this factor × the lowest loss so far (0: only NaN/inf stop);
+    /// checkpoints written after the last good loss are renamed *.diverged.
+    #[arg(long, default_value_t = 3.0)]
+    pub divergence_factor: f64,
+    /// Keep only the newest N checkpoints (0: all); the one `latest` names is never removed.
+    #[arg(long, default_value_t = 0)]
+    pub keep_last: usize,
+    /// Seconds a collective may wait for the other ranks before the job ends with an error.
+    #[arg(long, default_value_t = 300.0)]
+    pub comm_timeout: f64,
     /// One JSON line per step on stdout instead of the progress bar.
     #[arg(long)]
     pub json: bool,
-    /// Run N in-process ranks (threads) of the layout below instead of one process.
+    /// Run N in-process ranks (threads) of the layout below instead of one process (at most 256).
     #[arg(long, default_value_t = 1)]
     pub ranks: usize,
     /// Tensor-parallel size (Megatron's column/row-parallel split, vocab-parallel embedding and loss).
@@ -123,41 +141,89 @@ pub struct TrainArgs {
     pub mpi: bool,
 }
 
-fn data_dir(a: &TrainArgs, vocab: u32) -> Result<PathBuf, SpecError> {
-    prepare_data(a.data.as_deref(), &a.out, vocab)
+/// The most in-process ranks (threads) `--ranks` starts.
+const MAX_RANKS: usize = 256;
+
+/// The layout and engine flags of a run, stored in each checkpoint so a resume keeps them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunLayout {
+    pub ranks: usize,
+    pub tp: u32,
+    pub pp: u32,
+    /// None: ranks / (tp·pp)
+    pub dp: Option<u32>,
+    pub zero: u8,
+    pub recompute: String,
+    pub sequence_parallel: bool,
+    pub virtual_stages: u32,
+    pub schedule: String,
+    pub order: String,
+    pub no_overlap_dp: bool,
+    pub bucket_mb: f64,
 }
 
-/// The tokenized data of a run in `out`: `data` if it is a prepared folder, else `data` (a text
-/// file, or the bundled corpus when None) tokenized into `out/data` unless already there.
-pub fn prepare_data(data: Option<&Path>, out: &Path, vocab: u32) -> Result<PathBuf, SpecError> {
-    let dir = out.join("data");
-    let source = match data {
-        Some(p) if p.is_dir() => return Ok(p.to_path_buf()),
-        Some(p) if p.is_file() => p.to_path_buf(),
-        Some(p) => {
-            return Err(SpecError::new(format!(
-                "--data {}: no such file or folder",
-                p.display()
-            )))
-        }
-        None => {
-            std::fs::create_dir_all(out)
-                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
-            let p = out.join("devils-dictionary.txt");
-            if !p.is_file() {
-                std::fs::write(&p, CORPUS).map_err(|e| SpecError::new(format!("--out {}: {e}", out.display())))?;
-            }
-            p
-        }
-    };
-    if let Ok(d) = data::Dataset::open(&dir, 1) {
-        let bytes = std::fs::metadata(&source).map(|m| m.len()).unwrap_or(0);
-        if d.meta.source_bytes == bytes && d.meta.vocab_size <= vocab {
-            return Ok(dir);
+impl RunLayout {
+    fn of(a: &TrainArgs) -> RunLayout {
+        RunLayout {
+            ranks: a.ranks,
+            tp: a.tp,
+            pp: a.pp,
+            dp: a.dp,
+            zero: a.zero,
+            recompute: a.recompute.clone(),
+            sequence_parallel: a.sequence_parallel,
+            virtual_stages: a.virtual_stages,
+            schedule: a.schedule.clone(),
+            order: a.order.clone(),
+            no_overlap_dp: a.no_overlap_dp,
+            bucket_mb: a.bucket_mb,
         }
     }
-    data::prepare(&source, vocab, &dir)?;
-    Ok(dir)
+
+    /// The planner's layout for this run's batch (the trainer runs fp32).
+    fn config(&self, cfg: &TrainConfig) -> Result<ParallelConfig, SpecError> {
+        let cells = (self.tp as usize).max(1) * (self.pp as usize).max(1);
+        let dp = match self.dp {
+            Some(d) => d,
+            None if self.ranks % cells == 0 => (self.ranks / cells) as u32,
+            None => {
+                return Err(SpecError::new(format!(
+                    "{} ranks are not divisible by --tp {} × --pp {}",
+                    self.ranks, self.tp, self.pp
+                )))
+            }
+        };
+        Ok(ParallelConfig {
+            tp: self.tp,
+            pp: self.pp,
+            dp,
+            micro_batch: cfg.micro_batch as u32,
+            global_batch: cfg.global_batch as u32,
+            zero: self.zero,
+            recompute: self.recompute.parse::<Recompute>()?,
+            sequence_parallel: self.sequence_parallel,
+            virtual_stages: self.virtual_stages,
+            flash_attention: false,
+            dtype: Dtype::Fp32,
+            overlap_dp: !self.no_overlap_dp,
+            order: self.order.parse::<RankOrder>()?,
+        })
+    }
+
+    /// One process with nothing to report runs the single-process trainer.
+    fn is_single(&self) -> bool {
+        self.ranks == 1 && self.tp == 1 && self.pp == 1 && self.dp.unwrap_or(1) == 1
+    }
+}
+
+/// Which flags were given on the command line (not defaults).
+pub struct Given<'a>(pub Option<&'a ArgMatches>);
+
+impl Given<'_> {
+    fn has(&self, id: &str) -> bool {
+        self.0
+            .is_some_and(|m| matches!(m.value_source(id), Some(ValueSource::CommandLine)))
+    }
 }
 
 fn config(a: &TrainArgs) -> TrainConfig {
@@ -176,56 +242,250 @@ fn config(a: &TrainArgs) -> TrainConfig {
         seed: a.seed,
         sample_prompt: a.prompt.clone(),
         sample_tokens: 40,
+        divergence_factor: a.divergence_factor,
+        keep_last: a.keep_last,
     }
 }
 
-/// The layout the flags describe for a job of `world` ranks (the trainer runs fp32).
-fn layout(a: &TrainArgs, world: usize) -> Result<ParallelConfig, SpecError> {
-    let cells = (a.tp as usize).max(1) * (a.pp as usize).max(1);
-    let dp = match a.dp {
-        Some(d) => d,
-        None if world % cells == 0 => (world / cells) as u32,
-        None => {
-            return Err(SpecError::new(format!(
-                "{world} ranks are not divisible by --tp {} × --pp {}",
-                a.tp, a.pp
-            )))
+/// Where a resumed run starts.
+struct Resumed {
+    ckpt: PathBuf,
+    state: checkpoint::State,
+    start: Start,
+}
+
+/// A run resolved from the flags (and its checkpoint when resumed), before any side effect.
+struct Run {
+    spec: ModelSpec,
+    cfg: TrainConfig,
+    layout: RunLayout,
+    pc: ParallelConfig,
+    /// the tokenized data folder (prepared later for a new run from a text file)
+    data: PathBuf,
+    out: PathBuf,
+    resumed: Option<Resumed>,
+}
+
+/// Apply each flag given on purpose to a resumed run's setting, noting what changed.
+macro_rules! keep_or_change {
+    ($given:expr, $changes:expr, $dst:expr, $src:expr, $id:literal) => {
+        if $given.has($id) && $dst != $src {
+            $changes.push(format!(
+                "--{} {:?} → {:?}",
+                $id.replace('_', "-"),
+                $dst,
+                $src
+            ));
+            $dst = $src.clone();
         }
     };
-    Ok(ParallelConfig {
-        tp: a.tp,
-        pp: a.pp,
-        dp,
-        micro_batch: a.micro_batch as u32,
-        global_batch: a.global_batch as u32,
-        zero: a.zero,
-        recompute: a.recompute.parse::<Recompute>()?,
-        sequence_parallel: a.sequence_parallel,
-        virtual_stages: a.virtual_stages,
-        flash_attention: false,
-        dtype: Dtype::Fp32,
-        overlap_dp: !a.no_overlap_dp,
-        order: a.order.parse::<RankOrder>()?,
+}
+
+/// Resolve the run for a job of `world` ranks (None: `--ranks`). No side effects.
+fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, SpecError> {
+    if a.ranks == 0 || a.ranks > MAX_RANKS {
+        return Err(SpecError::new(format!(
+            "--ranks {}: must be in 1..={MAX_RANKS}",
+            a.ranks
+        )));
+    }
+    if a.dp == Some(0) || a.tp == 0 || a.pp == 0 || a.virtual_stages == 0 {
+        return Err(SpecError::new(
+            "--tp, --pp, --dp and --virtual-stages must be positive integers",
+        ));
+    }
+    if !(a.comm_timeout.is_finite() && a.comm_timeout > 0.0) {
+        return Err(SpecError::new(format!(
+            "--comm-timeout {}: must be a positive number of seconds",
+            a.comm_timeout
+        )));
+    }
+    bucket_elems(a.bucket_mb)?;
+    let (spec, mut cfg, mut layout, data, out, resumed) = match &a.resume {
+        None => {
+            let mut layout = RunLayout::of(a);
+            layout.ranks = world.unwrap_or(a.ranks);
+            let data = match &a.data {
+                Some(p) if p.is_dir() => p.clone(),
+                _ => a.out.join("data"),
+            };
+            (load::model(&a.model)?, config(a), layout, data, a.out.clone(), None)
+        }
+        Some(r) => {
+            let ckpt = checkpoint::resolve(r)?;
+            let (state, params, opt) = checkpoint::load(&ckpt, true)?;
+            let (m, v) = opt.expect("asked for the optimizer");
+            let cfg = exatrain_train::train::stored_config(&state, &ckpt)?;
+            // checkpoints from before layouts were stored ran the flags' defaults
+            let layout: RunLayout = match &state.run {
+                serde_json::Value::Null => RunLayout::of(&TrainArgs::defaults()),
+                v => serde_json::from_value(v.clone())
+                    .map_err(|e| SpecError::new(format!("{}: corrupt run layout: {e}", ckpt.display())))?,
+            };
+            let run_dir = ckpt.parent().unwrap_or(Path::new(".")).to_path_buf();
+            if given.has("model") && load::model(&a.model)? != state.model {
+                return Err(SpecError::new(format!(
+                    "--model {}: the run {} trains {}; a resumed run keeps its model",
+                    a.model,
+                    run_dir.display(),
+                    state.model.name
+                )));
+            }
+            let same = |p: &Path| std::fs::canonicalize(p).ok() == std::fs::canonicalize(&run_dir).ok();
+            if given.has("out") && !same(&a.out) {
+                return Err(SpecError::new(format!(
+                    "--out {}: --resume continues the run in its own folder {}",
+                    a.out.display(),
+                    run_dir.display()
+                )));
+            }
+            let start = Start {
+                step: state.step,
+                opt_step: state.opt_step,
+                params,
+                m,
+                v,
+                min_loss: state.min_loss,
+            };
+            let data = state.data_dir.clone();
+            let spec = state.model.clone();
+            let resumed = Resumed { ckpt, state, start };
+            (spec, cfg, layout, data, run_dir, Some(resumed))
+        }
+    };
+    if let Some(r) = &resumed {
+        let mut changes: Vec<String> = Vec::new();
+        let c = &mut changes;
+        keep_or_change!(given, c, cfg.steps, a.steps, "steps");
+        keep_or_change!(given, c, cfg.micro_batch, a.micro_batch, "micro_batch");
+        keep_or_change!(given, c, cfg.global_batch, a.global_batch, "global_batch");
+        keep_or_change!(given, c, cfg.lr, a.lr, "lr");
+        keep_or_change!(given, c, cfg.min_lr, a.min_lr, "min_lr");
+        keep_or_change!(given, c, cfg.warmup, a.warmup, "warmup");
+        keep_or_change!(given, c, cfg.weight_decay, a.weight_decay, "weight_decay");
+        keep_or_change!(given, c, cfg.grad_clip, a.grad_clip, "grad_clip");
+        keep_or_change!(given, c, cfg.eval_every, a.eval_every, "eval_every");
+        keep_or_change!(given, c, cfg.ckpt_every, a.ckpt_every, "ckpt_every");
+        keep_or_change!(given, c, cfg.seed, a.seed, "seed");
+        keep_or_change!(given, c, cfg.sample_prompt, a.prompt, "prompt");
+        keep_or_change!(given, c, cfg.divergence_factor, a.divergence_factor, "divergence_factor");
+        keep_or_change!(given, c, cfg.keep_last, a.keep_last, "keep_last");
+        let before = (layout.ranks, layout.tp, layout.pp);
+        let ranks = world.unwrap_or(a.ranks);
+        if (given.has("ranks") || world.is_some()) && layout.ranks != ranks {
+            c.push(format!("ranks {} → {ranks}", layout.ranks));
+            layout.ranks = ranks;
+        }
+        keep_or_change!(given, c, layout.tp, a.tp, "tp");
+        keep_or_change!(given, c, layout.pp, a.pp, "pp");
+        keep_or_change!(given, c, layout.dp, a.dp, "dp");
+        if before != (layout.ranks, layout.tp, layout.pp) && !given.has("dp") {
+            layout.dp = None;
+        }
+        keep_or_change!(given, c, layout.zero, a.zero, "zero");
+        keep_or_change!(given, c, layout.recompute, a.recompute, "recompute");
+        keep_or_change!(given, c, layout.sequence_parallel, a.sequence_parallel, "sequence_parallel");
+        keep_or_change!(given, c, layout.virtual_stages, a.virtual_stages, "virtual_stages");
+        keep_or_change!(given, c, layout.schedule, a.schedule, "schedule");
+        keep_or_change!(given, c, layout.order, a.order, "order");
+        keep_or_change!(given, c, layout.no_overlap_dp, a.no_overlap_dp, "no_overlap_dp");
+        keep_or_change!(given, c, layout.bucket_mb, a.bucket_mb, "bucket_mb");
+        if cfg.steps <= r.state.step {
+            return Err(SpecError::new(format!(
+                "--steps {}: the run {} has already completed {} steps; pass more to extend it",
+                cfg.steps,
+                out.display(),
+                r.state.step
+            )));
+        }
+        if given.has("data") {
+            changes.push(format!("--data ignored: the run keeps its data {}", data.display()));
+        }
+        if !changes.is_empty() {
+            eprintln!("resume {}: {}", r.ckpt.display(), changes.join(", "));
+        }
+    }
+    let pc = layout.config(&cfg)?;
+    parallel::check(&spec, &cfg, &pc, layout.ranks)?;
+    layout.schedule.parse::<Schedule>()?;
+    Ok(Run {
+        spec,
+        cfg,
+        layout,
+        pc,
+        data,
+        out,
+        resumed,
     })
+}
+
+impl TrainArgs {
+    /// The flags' defaults (what a checkpoint without a stored layout ran).
+    fn defaults() -> TrainArgs {
+        use clap::FromArgMatches;
+        let cmd = <TrainArgs as Args>::augment_args(clap::Command::new("train"));
+        TrainArgs::from_arg_matches(&cmd.get_matches_from(["train"])).expect("defaults parse")
+    }
+}
+
+/// The tokenized data of a new run: `data` if it is a prepared folder, else `data` (a text
+/// file, or the bundled corpus when None) tokenized into `out/data` unless already there.
+pub fn prepare_data(data: Option<&Path>, out: &Path, vocab: u32) -> Result<PathBuf, SpecError> {
+    let dir = out.join("data");
+    let source = match data {
+        Some(p) if p.is_dir() => return Ok(p.to_path_buf()),
+        Some(p) if p.is_file() => p.to_path_buf(),
+        Some(p) => {
+            return Err(SpecError::new(format!(
+                "--data {}: no such file or folder",
+                p.display()
+            )))
+        }
+        None => {
+            std::fs::create_dir_all(out)
+                .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
+            let p = out.join("devils-dictionary.txt");
+            if !p.is_file() {
+                exatrain_tune::store::write_atomic(&p, CORPUS.as_bytes())?;
+            }
+            p
+        }
+    };
+    if let Ok(d) = data::Dataset::open(&dir, 1) {
+        let bytes = std::fs::metadata(&source).map(|m| m.len()).unwrap_or(0);
+        if d.meta.source_bytes == bytes && d.meta.vocab_size <= vocab {
+            return Ok(dir);
+        }
+    }
+    data::prepare(&source, vocab, &dir)?;
+    Ok(dir)
+}
+
+/// The side effects of starting: a new run claims its folder and tokenizes its data.
+fn start(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+    if run.resumed.is_none() {
+        run_folder::claim(&run.out, a.overwrite)?;
+        prepare_data(a.data.as_deref(), &run.out, run.spec.vocab)?;
+    }
+    Ok(())
 }
 
 /// The measured breakdown of a parallel run beside the planner's prediction for its layout.
 fn report_json(
     a: &TrainArgs,
-    spec: &ModelSpec,
-    pc: &ParallelConfig,
+    run: &Run,
     reports: &[RankReport],
 ) -> Result<serde_json::Value, SpecError> {
     let cluster = load::cluster(&a.cluster)?;
-    let (trained, layout) = parallel::as_trained(spec, pc);
+    let (trained, layout) = parallel::as_trained(&run.spec, &run.pc);
     let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
     let measured = parallel::aggregate(reports);
     Ok(serde_json::json!({
-        "tokens_per_s": (pc.global_batch as f64 * spec.seq_len as f64) / measured.step_s,
-        "model": spec.name,
-        "model_spec": spec,
-        "layout": pc,
-        "schedule": a.schedule,
+        "tokens_per_s": (run.pc.global_batch as f64 * run.spec.seq_len as f64) / measured.step_s,
+        "model": run.spec.name,
+        "model_spec": run.spec,
+        "layout": run.pc,
+        "schedule": run.layout.schedule,
         "cluster": cluster.name,
         "ranks": reports,
         "measured": measured,
@@ -243,132 +503,95 @@ fn write_report(path: &Path, rep: &serde_json::Value) -> Result<(), SpecError> {
 
 /// `--bucket-mb` as fp32 elements.
 fn bucket_elems(mb: f64) -> Result<usize, SpecError> {
-    if !(mb.is_finite() && mb >= 0.0) {
+    if !(mb.is_finite() && (0.0..=1e6).contains(&mb)) {
         return Err(SpecError::new(format!(
-            "--bucket-mb {mb}: must be a size in MB ≥ 0 (0: one bucket per chunk)"
+            "--bucket-mb {mb}: must be a size in MB in [0, 1e6] (0: one bucket per chunk)"
         )));
     }
     Ok((mb * 1e6 / 4.0) as usize)
 }
 
-/// Everything a parallel job's ranks share: the run, the layout, where it starts.
-struct Job {
-    spec: ModelSpec,
-    cfg: TrainConfig,
-    pc: ParallelConfig,
-    schedule: Schedule,
-    bucket_elems: usize,
-    data: PathBuf,
-    start: Option<Start>,
-    out: PathBuf,
-    checkpoints: bool,
+/// The one-line summary of a step on the progress bar.
+fn summary_line(loss: f64, lr: f64, tokens_per_s: f64) -> String {
+    format!("loss {loss:.3} | lr {lr:.2e} | {tokens_per_s:.0} tok/s")
 }
 
-/// The run to start or resume, checked against a world of `world` ranks before any work.
-fn job(a: &TrainArgs, world: usize, prepare_data: bool) -> Result<Job, SpecError> {
-    let schedule: Schedule = a.schedule.parse()?;
-    let (spec, cfg, data, start, out) = match &a.resume {
-        Some(r) => {
-            let dir = checkpoint::resolve(r)?;
-            let (state, params, opt) = checkpoint::load(&dir, true)?;
-            let mut cfg: TrainConfig = serde_json::from_value(state.config.clone())
-                .map_err(|e| SpecError::new(format!("{}: corrupt checkpoint config: {e}", dir.display())))?;
-            cfg.steps = a.steps;
-            let (m, v) = opt.expect("asked for the optimizer");
-            let start = Start {
-                step: state.step,
-                opt_step: state.opt_step,
-                params,
-                m,
-                v,
-            };
-            let out = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
-            (state.model, cfg, state.data_dir, Some(start), out)
-        }
-        None => {
-            let spec = load::model(&a.model)?;
-            let cfg = config(a);
-            // the layout is checked before the data is touched
-            parallel::check(&spec, &cfg, &layout(a, world)?, world)?;
-            let data = if prepare_data {
-                data_dir(a, spec.vocab)?
-            } else {
-                match &a.data {
-                    Some(p) if p.is_dir() => p.clone(),
-                    _ => a.out.join("data"),
-                }
-            };
-            (spec, cfg, data, None, a.out.clone())
-        }
-    };
-    let pc = layout(a, world)?;
-    parallel::check(&spec, &cfg, &pc, world)?;
-    Ok(Job {
-        spec,
-        cfg,
-        pc,
-        schedule,
-        bucket_elems: bucket_elems(a.bucket_mb)?,
-        data,
-        start,
-        out,
-        checkpoints: !a.no_ckpt,
-    })
-}
-
-/// Run this rank of the job: world rank 0 prints a JSON line per step and writes checkpoints
-/// (the whole model, so any layout can resume them).
-fn run_rank(j: &Job, world: &dyn Communicator) -> Result<RankResult, SpecError> {
+/// Run this rank of the job: world rank 0 writes the progress and checkpoints (the whole
+/// model, so any layout can resume them).
+fn run_rank(
+    a: &TrainArgs,
+    run: &Run,
+    progress: Option<&Progress>,
+    world: &dyn Communicator,
+) -> Result<RankResult, SpecError> {
     let print = |l: &parallel::StepLine| {
         let line = serde_json::json!({
             "step": l.step, "loss": l.loss, "grad_norm": l.grad_norm, "lr": l.lr, "seconds": l.seconds,
-            "tokens_per_s": l.tokens_per_s, "ranks": j.pc.gpus(), "tp": j.pc.tp, "pp": j.pc.pp, "dp": j.pc.dp, "zero": j.pc.zero,
+            "tokens_per_s": l.tokens_per_s, "ranks": run.pc.gpus(), "tp": run.pc.tp, "pp": run.pc.pp, "dp": run.pc.dp, "zero": run.pc.zero,
         });
-        println!("{line}");
+        if let Some(p) = progress {
+            if let Err(e) = p.step(l.step, &line, summary_line(l.loss, l.lr, l.tokens_per_s)) {
+                p.say(format!("warning: {e}"));
+            }
+        }
     };
     let save = |st: &Start| -> Result<(), SpecError> {
-        let shape = exatrain_train::GptShape::from_spec(&j.spec)?;
+        let shape = exatrain_train::GptShape::from_spec(&run.spec)?;
         let state = checkpoint::State {
             format: "exatrain-ckpt-v1".into(),
             step: st.step,
             opt_step: st.opt_step,
-            sequences: st.step * j.cfg.global_batch as u64,
-            seed: j.cfg.seed,
-            model: j.spec.clone(),
-            config: serde_json::to_value(&j.cfg).expect("json"),
-            data_dir: j.data.clone(),
+            sequences: st.step * run.cfg.global_batch as u64,
+            seed: run.cfg.seed,
+            model: run.spec.clone(),
+            config: serde_json::to_value(&run.cfg).expect("json"),
+            data_dir: run.data.clone(),
+            run: serde_json::to_value(&run.layout).expect("json"),
+            min_loss: st.min_loss,
         };
         let layout = exatrain_train::model::ParamLayout::new(&shape);
         let dir = checkpoint::save(
-            &j.out,
+            &run.out,
             &state,
             &layout,
             &st.params,
             &st.m,
             &st.v,
-            &j.data.join("tokenizer.json"),
+            &run.data.join("tokenizer.json"),
         )?;
-        eprintln!("checkpoint {}", dir.display());
+        checkpoint::prune(&run.out, run.cfg.keep_last)?;
+        if let Some(p) = progress {
+            p.say(format!("  checkpoint {}", dir.display()));
+        }
         Ok(())
     };
-    let opts = Options {
-        schedule: j.schedule,
-        bucket_elems: j.bucket_elems,
-        start: j.start.clone(),
-        on_checkpoint: if j.checkpoints { Some(&save) } else { None },
-        on_step: Some(&print),
+    let checkpoints = !a.no_ckpt;
+    let retract = |from: u64| -> Result<Option<PathBuf>, SpecError> {
+        if checkpoints {
+            checkpoint::retract(&run.out, from)
+        } else {
+            Ok(None)
+        }
     };
-    parallel::train(&j.spec, &j.cfg, &j.pc, &opts, &j.data, world)
+    let opts = Options {
+        schedule: run.layout.schedule.parse()?,
+        bucket_elems: bucket_elems(run.layout.bucket_mb)?,
+        start: run.resumed.as_ref().map(|r| r.start.clone()),
+        on_checkpoint: if checkpoints { Some(&save) } else { None },
+        on_step: Some(&print),
+        on_diverge: Some(&retract),
+    };
+    parallel::train(&run.spec, &run.cfg, &run.pc, &opts, &run.data, world)
 }
 
-fn summary(j: &Job, r: &RankResult, seconds: f64) {
+fn summary(run: &Run, r: &RankResult, seconds: f64) {
     let steps = r.losses.len();
-    let tokens = (j.cfg.global_batch * j.spec.seq_len as usize * steps) as f64;
+    let tokens = (run.cfg.global_batch * run.spec.seq_len as usize * steps) as f64;
     let m = &r.report.memory_bytes;
     eprintln!(
         "{} ranks ({}): {steps} steps in {seconds:.1} s ({:.0} tokens/s); rank 0 holds MiB: weights {:.2}, grads {:.2}, optimizer {:.2}, activations {:.2}",
-        j.pc.gpus(),
-        parallel::describe(&j.pc),
+        run.pc.gpus(),
+        parallel::describe(&run.pc),
         tokens / seconds,
         m.weights as f64 / 1048576.0,
         m.grads as f64 / 1048576.0,
@@ -377,21 +600,29 @@ fn summary(j: &Job, r: &RankResult, seconds: f64) {
     );
 }
 
+fn first_step(run: &Run) -> u64 {
+    run.resumed.as_ref().map_or(0, |r| r.state.step)
+}
+
 /// `--ranks N`: the layout over in-process ranks (threads).
-fn run_in_process(a: &TrainArgs) -> Result<(), SpecError> {
-    let j = job(a, a.ranks, true)?;
-    let comms = exatrain_parallel::comm::in_process(a.ranks, std::time::Duration::from_secs(30));
+fn run_in_process(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+    run_folder::check_memory(&run.spec, &run.pc, run.layout.ranks)?;
+    start(a, run)?;
+    let progress = Progress::new(&run.out, first_step(run), run.cfg.steps, a.json)?;
+    let n = run.layout.ranks;
+    let comms = exatrain_parallel::comm::in_process(n, std::time::Duration::from_secs_f64(a.comm_timeout));
     let t0 = std::time::Instant::now();
     let results: Vec<Result<RankResult, SpecError>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
             .map(|comm| {
-                let j = &j;
-                s.spawn(move || run_rank(j, &comm))
+                let p = (comm.rank() == 0).then_some(&progress);
+                s.spawn(move || run_rank(a, run, p, &comm))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
+    progress.finish();
     // the first error that is not another rank's echo of it
     let mut firsts: Vec<&SpecError> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     firsts.sort_by_key(|e| e.0.contains("was aborted"));
@@ -401,10 +632,9 @@ fn run_in_process(a: &TrainArgs) -> Result<(), SpecError> {
     let results: Vec<RankResult> = results.into_iter().map(|r| r.expect("checked")).collect();
     if let Some(path) = &a.report {
         let reports: Vec<RankReport> = results.iter().map(|r| r.report.clone()).collect();
-        let rep = report_json(a, &j.spec, &j.pc, &reports)?;
-        write_report(path, &rep)?;
+        write_report(path, &report_json(a, run, &reports)?)?;
     }
-    summary(&j, &results[0], t0.elapsed().as_secs_f64());
+    summary(run, &results[0], t0.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -435,70 +665,95 @@ fn gather_reports(world: &dyn Communicator, mine: &RankReport) -> Result<Vec<Ran
         .collect()
 }
 
+/// The settings every rank of an MPI job must agree on, as (flag, value).
+#[cfg(feature = "mpi")]
+fn settings(a: &TrainArgs, run: &Run) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    for x in [serde_json::to_value(&run.cfg), serde_json::to_value(&run.layout)] {
+        if let Ok(serde_json::Value::Object(m)) = x {
+            for (k, val) in m {
+                v.push((format!("--{}", k.replace('_', "-")), val.to_string()));
+            }
+        }
+    }
+    v.push(("--model".into(), serde_json::to_string(&run.spec).unwrap_or_default()));
+    v.push(("--out".into(), run.out.display().to_string()));
+    v.push(("--resume".into(), format!("{:?}", a.resume)));
+    v.push(("--data".into(), format!("{:?}", a.data)));
+    v.push(("--no-ckpt".into(), a.no_ckpt.to_string()));
+    v.push(("--report".into(), format!("{:?}", a.report.is_some())));
+    v.push(("--overwrite".into(), a.overwrite.to_string()));
+    v
+}
+
 /// `--mpi`: this process is one rank of the MPI job; rank 0 prepares the data and prints.
 #[cfg(feature = "mpi")]
-fn run_mpi(a: &TrainArgs) -> Result<(), SpecError> {
-    let (_universe, comm) = exatrain_parallel::mpi_comm::Mpi::world().map_err(|e| SpecError::new(e.0))?;
+fn run_mpi(a: &TrainArgs, given: &Given) -> Result<(), SpecError> {
+    let timeout = std::time::Duration::from_secs_f64(if a.comm_timeout.is_finite() && a.comm_timeout > 0.0 {
+        a.comm_timeout
+    } else {
+        300.0
+    });
+    let (_universe, comm) = exatrain_parallel::mpi_comm::Mpi::world(timeout).map_err(|e| SpecError::new(e.0))?;
     let fail = |e: SpecError| -> SpecError {
         comm.abort(&e.0);
         e
     };
-    // Rank 0 tokenizes (once); the others wait for it, then open the same folder.
-    let j = job(a, comm.size(), comm.rank() == 0).map_err(fail)?;
+    let run = resolve(a, given, Some(comm.size())).map_err(fail)?;
+    // every rank must run the same settings: rank 0's digest decides
+    crate::agree::agree(&comm, &settings(a, &run)).map_err(fail)?;
+    let local = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1usize);
+    run_folder::check_memory(&run.spec, &run.pc, local).map_err(fail)?;
+    // rank 0 claims the folder and tokenizes (once); the others wait for it
+    let progress = if comm.rank() == 0 {
+        start(a, &run).map_err(fail)?;
+        Some(Progress::new(&run.out, first_step(&run), run.cfg.steps, a.json).map_err(fail)?)
+    } else {
+        None
+    };
     comm.barrier().map_err(|e| SpecError::new(e.0))?;
     let t0 = std::time::Instant::now();
-    let r = run_rank(&j, &comm)?;
+    let r = run_rank(a, &run, progress.as_ref(), &comm);
+    if let Some(p) = &progress {
+        p.finish();
+    }
+    let r = r?;
     let reports = gather_reports(&comm, &r.report)?;
     if comm.rank() == 0 {
         if let Some(path) = &a.report {
-            let rep = report_json(a, &j.spec, &j.pc, &reports)?;
-            write_report(path, &rep)?;
+            write_report(path, &report_json(a, &run, &reports)?)?;
         }
-        summary(&j, &r, t0.elapsed().as_secs_f64());
+        summary(&run, &r, t0.elapsed().as_secs_f64());
     }
     Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_a: &TrainArgs) -> Result<(), SpecError> {
+fn run_mpi(_a: &TrainArgs, _given: &Given) -> Result<(), SpecError> {
     Err(SpecError::new(
-        "--mpi: this exatrain was built without MPI (build with `cargo build --release --features mpi`; needs libopenmpi-dev and libclang-dev)",
+        "--mpi: this exatrain was built without MPI (build with `cargo build --release --features exatrain-cli/mpi`; needs libopenmpi-dev and libclang-dev)",
     ))
 }
 
-pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
+pub fn run_train(a: TrainArgs, given: Given) -> Result<(), SpecError> {
     if a.mpi {
-        return run_mpi(&a);
+        return run_mpi(&a, &given);
     }
-    if a.ranks == 0 {
-        return Err(SpecError::new("--ranks must be a positive integer"));
-    }
+    let run = resolve(&a, &given, None)?;
     // a report (or a run without checkpoints) comes from the parallel engine, even on one rank
-    let parallel = a.ranks > 1 || a.tp > 1 || a.pp > 1 || a.dp.is_some_and(|d| d > 1);
-    if parallel || a.report.is_some() || a.no_ckpt {
-        return run_in_process(&a);
+    if !run.layout.is_single() || a.report.is_some() || a.no_ckpt {
+        return run_in_process(&a, &run);
     }
-    let mut trainer = match &a.resume {
-        Some(r) => Trainer::resume(r, Some(a.steps))?,
-        None => {
-            let spec = load::model(&a.model)?;
-            let cfg = config(&a);
-            cfg.check()?;
-            let dir = data_dir(&a, spec.vocab)?;
-            Trainer::new(spec, cfg, &dir, &a.out)?
-        }
+    run_folder::check_memory(&run.spec, &run.pc, 1)?;
+    start(&a, &run)?;
+    let mut trainer = match &run.resumed {
+        Some(r) => Trainer::resume(&r.ckpt, Some(run.cfg.clone()))?,
+        None => Trainer::new(run.spec.clone(), run.cfg.clone(), &run.data, &run.out)?,
     };
-    let metrics_path = a.resume.as_ref().map_or(a.out.clone(), |r| {
-        checkpoint::resolve(r)
-            .ok()
-            .and_then(|d| d.parent().map(Path::to_path_buf))
-            .unwrap_or_else(|| a.out.clone())
-    });
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(metrics_path.join("metrics.jsonl"))
-        .map_err(|e| SpecError::new(format!("{}: {e}", metrics_path.display())))?;
+    trainer.run = serde_json::to_value(&run.layout).expect("json");
     let meta = trainer.data.meta.clone();
     if !a.json {
         let b = trainer.bytes();
@@ -518,108 +773,38 @@ pub fn run_train(a: TrainArgs) -> Result<(), SpecError> {
             mib(b.activations)
         );
     }
-    let pb = indicatif::ProgressBar::new(trainer.cfg.steps);
-    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("template"));
-    pb.set_position(trainer.step);
-    if a.json {
-        pb.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    // Progress lines go above the bar on a terminal, to stderr otherwise.
-    let say = |pb: &indicatif::ProgressBar, s: String| {
-        if pb.is_hidden() {
-            eprintln!("{s}")
-        } else {
-            pb.println(s)
-        }
-    };
+    let progress = Progress::new(&run.out, trainer.step, trainer.cfg.steps, a.json)?;
     while trainer.step < trainer.cfg.steps {
-        let log = trainer.train_step()?;
-        let line = serde_json::to_string(&log).expect("json");
-        writeln!(metrics, "{line}").map_err(|e| SpecError::new(format!("metrics.jsonl: {e}")))?;
-        if a.json {
-            println!("{line}");
-        } else {
-            pb.set_position(log.step);
-            pb.set_message(format!(
-                "loss {:.3} | lr {:.2e} | {:.0} tok/s | {:.3} TFLOP/s | MFU {:.1}%",
-                log.loss,
-                log.lr,
-                log.tokens_per_s,
-                log.model_tflops,
-                100.0 * log.mfu
-            ));
+        let log = match trainer.train_step() {
+            Ok(l) => l,
+            Err(e) => {
+                progress.finish();
+                return Err(e);
+            }
+        };
+        let line = serde_json::to_value(&log).expect("json");
+        let msg = format!(
+            "{} | {:.3} TFLOP/s | MFU {:.1}%",
+            summary_line(log.loss, log.lr, log.tokens_per_s),
+            log.model_tflops,
+            100.0 * log.mfu
+        );
+        progress.step(log.step, &line, msg)?;
+        if !a.json {
             if let Some(v) = log.val_loss {
-                say(
-                    &pb,
-                    format!(
+                progress.say(format!(
                     "step {:>5}: train {:.3} | val {:.3} | unigram {:.3} | {:.0} tok/s | {:.3} TFLOP/s | MFU {:.1}%",
                     log.step, log.loss, v, meta.unigram_entropy, log.tokens_per_s, log.model_tflops, 100.0 * log.mfu
-                ),
-                );
+                ));
             }
             if let Some(s) = &log.sample {
-                say(
-                    &pb,
-                    format!("  sample: {}{}", trainer.cfg.sample_prompt, s.replace('\n', " ")),
-                );
+                progress.say(format!("  sample: {}{}", trainer.cfg.sample_prompt, s.replace('\n', " ")));
             }
             if let Some(c) = &log.checkpoint {
-                say(&pb, format!("  checkpoint {}", c.display()));
+                progress.say(format!("  checkpoint {}", c.display()));
             }
         }
     }
-    pb.finish_and_clear();
-    Ok(())
-}
-
-#[derive(Args)]
-pub struct SampleArgs {
-    /// A checkpoint or a run folder.
-    pub ckpt: PathBuf,
-    #[arg(long, default_value = "LOVE, n.")]
-    pub prompt: String,
-    #[arg(long, default_value_t = 60)]
-    pub tokens: usize,
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-}
-
-fn load_model(ckpt: &Path) -> Result<(PathBuf, Gpt<f32>, checkpoint::State), SpecError> {
-    let dir = checkpoint::resolve(ckpt)?;
-    let (state, params, _) = checkpoint::load(&dir, false)?;
-    let shape = exatrain_train::GptShape::from_spec(&state.model)?;
-    let mut m = Gpt::<f32>::new(shape, 0);
-    m.params = params;
-    Ok((dir, m, state))
-}
-
-pub fn run_sample(a: SampleArgs) -> Result<(), SpecError> {
-    let (dir, mut m, _) = load_model(&a.ckpt)?;
-    let tk = data::load_tokenizer(&dir)?;
-    let text = train::sample(&mut m, &tk, &a.prompt, a.tokens, a.temperature, a.seed)?;
-    println!("{}{}", a.prompt, text);
-    Ok(())
-}
-
-#[derive(Args)]
-pub struct ExportHfArgs {
-    /// A checkpoint or a run folder.
-    pub ckpt: PathBuf,
-    /// Output folder for config.json, model.safetensors and tokenizer.json.
-    pub dir: PathBuf,
-}
-
-pub fn run_export_hf(a: ExportHfArgs) -> Result<(), SpecError> {
-    let (dir, m, _) = load_model(&a.ckpt)?;
-    let tk = data::load_tokenizer(&dir)?;
-    exatrain_train::hf::export(&m.shape, &m.params, tk.token_to_id("<|endoftext|>"), &a.dir)?;
-    std::fs::copy(dir.join("tokenizer.json"), a.dir.join("tokenizer.json"))
-        .map_err(|e| SpecError::new(format!("{}: {e}", a.dir.display())))?;
-    println!(
-        "wrote {}/config.json, model.safetensors, tokenizer.json",
-        a.dir.display()
-    );
+    progress.finish();
     Ok(())
 }

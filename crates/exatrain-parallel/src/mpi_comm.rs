@@ -1,8 +1,14 @@
 //! The MPI communicator (rsmpi): one rank per process, launched with `mpirun -n N` or `srun`.
 //! Sub-communicators come from `MPI_Comm_split`; `abort` is `MPI_Abort`, which ends the whole
-//! job, so a failing rank never leaves the others hanging.
+//! job, so a failing rank never leaves the others hanging. A watchdog thread ends the process
+//! (and so the job: mpirun stops the others) when one blocking call — MPI_Init, a collective, a
+//! receive, a wait — has waited longer than the job's timeout: a rank that stops participating
+//! gives an error naming the call, never a hang.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mpi::collective::SystemOperation;
 use mpi::request::{Request, StaticScope};
@@ -10,6 +16,54 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
 use crate::comm::{CommError, Finish, Started};
+
+/// When the blocking call in progress started (ms since the epoch; 0: none), which one, and
+/// this process's rank (-1 before MPI_Init).
+static ENTERED_MS: AtomicU64 = AtomicU64::new(0);
+static WHAT: Mutex<&str> = Mutex::new("");
+static RANK: AtomicI64 = AtomicI64::new(-1);
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64)
+}
+
+/// A blocking MPI call watched by the watchdog while it lasts.
+struct Watch;
+
+impl Watch {
+    fn enter(what: &'static str) -> Watch {
+        *WHAT.lock().unwrap_or_else(|e| e.into_inner()) = what;
+        ENTERED_MS.store(now_ms(), Ordering::SeqCst);
+        Watch
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        ENTERED_MS.store(0, Ordering::SeqCst);
+    }
+}
+
+/// Start the watchdog: a blocking call that lasts longer than `timeout` ends the process.
+fn start_watchdog(timeout: Duration) {
+    let tick = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    std::thread::spawn(move || loop {
+        std::thread::sleep(tick);
+        let t = ENTERED_MS.load(Ordering::SeqCst);
+        if t != 0 && now_ms().saturating_sub(t) > timeout.as_millis() as u64 {
+            let what = *WHAT.lock().unwrap_or_else(|e| e.into_inner());
+            let rank = RANK.load(Ordering::SeqCst);
+            let who = if rank >= 0 { format!("rank {rank}") } else { "a rank".into() };
+            eprintln!(
+                "error: {who}: {what} waited more than {:.0} s (--comm-timeout) for the other ranks: one of them stopped participating (crashed, hung or was started with a different command); ending the job",
+                timeout.as_secs_f64()
+            );
+            // SAFETY: _exit ends the process at once without running exit handlers, which
+            // could block on the MPI call the main thread is stuck in.
+            unsafe { libc::_exit(3) };
+        }
+    });
+}
 
 /// A non-blocking collective (MPI_Iallreduce, MPI_Ireduce_scatter_block) in flight, with the
 /// leaked buffers it reads and writes until it completes.
@@ -22,6 +76,7 @@ struct MpiStarted {
 impl MpiStarted {
     fn complete(&mut self) -> Option<Vec<f32>> {
         let request = self.request.take()?;
+        let _w = Watch::enter("waiting for a non-blocking collective");
         request.wait();
         // SAFETY: the request is complete, so MPI no longer touches the two buffers, which
         // were leaked from Boxes in `start` and are reclaimed exactly once (request taken).
@@ -87,6 +142,7 @@ impl Mpi {
 impl Drop for Mpi {
     fn drop(&mut self) {
         for p in self.pending.get_mut().drain(..) {
+            let _w = Watch::enter("completing a send");
             p.request.wait();
             // SAFETY: as in `reap`, the send is complete.
             drop(unsafe { Box::from_raw(p.data) });
@@ -114,11 +170,16 @@ impl Mpi {
         })))
     }
 
-    /// The world communicator. Keep the returned `Universe` alive for the whole run.
-    pub fn world() -> Result<(mpi::environment::Universe, Mpi), CommError> {
-        let universe =
-            mpi::initialize().ok_or_else(|| CommError("MPI is already initialized or not available".into()))?;
+    /// The world communicator, every blocking call watched with `timeout` (MPI_Init too).
+    /// Keep the returned `Universe` alive for the whole run.
+    pub fn world(timeout: Duration) -> Result<(mpi::environment::Universe, Mpi), CommError> {
+        start_watchdog(timeout);
+        let universe = {
+            let _w = Watch::enter("MPI_Init");
+            mpi::initialize().ok_or_else(|| CommError("MPI is already initialized or not available".into()))?
+        };
         let comm = universe.world();
+        RANK.store(comm.rank() as i64, Ordering::SeqCst);
         Ok((universe, Mpi::new(comm)))
     }
 }
@@ -133,22 +194,26 @@ impl crate::comm::Communicator for Mpi {
     }
 
     fn all_reduce(&self, buf: &mut [f32]) -> Result<(), CommError> {
+        let _w = Watch::enter("all_reduce");
         let send = buf.to_vec();
         self.comm.all_reduce_into(&send[..], buf, SystemOperation::sum());
         Ok(())
     }
 
     fn all_gather(&self, mine: &[f32], out: &mut [f32]) -> Result<(), CommError> {
+        let _w = Watch::enter("all_gather");
         self.comm.all_gather_into(mine, out);
         Ok(())
     }
 
     fn reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError> {
+        let _w = Watch::enter("reduce_scatter");
         self.comm.reduce_scatter_block_into(full, mine, SystemOperation::sum());
         Ok(())
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<(), CommError> {
+        let _w = Watch::enter("broadcast");
         self.comm.process_at_rank(root as i32).broadcast_into(buf);
         Ok(())
     }
@@ -169,6 +234,7 @@ impl crate::comm::Communicator for Mpi {
 
     fn recv(&self, from: usize, tag: u32, buf: &mut [f32]) -> Result<(), CommError> {
         self.reap();
+        let _w = Watch::enter("a pipeline receive");
         self.comm
             .process_at_rank(from as i32)
             .receive_into_with_tag(buf, tag as i32);
@@ -176,11 +242,13 @@ impl crate::comm::Communicator for Mpi {
     }
 
     fn barrier(&self) -> Result<(), CommError> {
+        let _w = Watch::enter("barrier");
         self.comm.barrier();
         Ok(())
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn crate::comm::Communicator>, CommError> {
+        let _w = Watch::enter("MPI_Comm_split");
         let comm = self
             .comm
             .split_by_color_with_key(Color::with_value(color as i32), key as i32)

@@ -2,7 +2,10 @@
 //! (AdamW moments), `state.json` (step, optimizer step, sequences drawn, the run's config and
 //! model) and the tokenizer. Written into `ckpt-NNNNNN.tmp/`, fsync'd, then renamed; `latest`
 //! names the newest, replaced atomically. Loading checks every tensor's name, type and size, so a
-//! truncated or corrupt checkpoint is rejected whole, never half-loaded.
+//! truncated or corrupt checkpoint is rejected whole, never half-loaded. The data folder is stored
+//! relative to the run folder when it lies inside it (else absolute), so a run resumes from any
+//! working directory. `retract` takes back checkpoints a diverged run wrote after its last good
+//! loss (renamed `*.diverged`, never deleted); `prune` keeps the newest N.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -29,7 +32,40 @@ pub struct State {
     pub seed: u64,
     pub model: ModelSpec,
     pub config: serde_json::Value,
+    /// The tokenized data: relative to the run folder (the checkpoint's parent) or absolute;
+    /// `load` returns it resolved.
     pub data_dir: PathBuf,
+    /// The run's layout and engine settings (the CLI's, as JSON), so a resume keeps them.
+    #[serde(default)]
+    pub run: serde_json::Value,
+    /// The lowest training loss seen so far (the divergence guard's reference).
+    #[serde(default)]
+    pub min_loss: Option<f64>,
+}
+
+/// `data` as stored in a checkpoint of the run folder `out`: relative when inside it.
+fn portable(data: &Path, out: &Path) -> PathBuf {
+    let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let (d, o) = (abs(data), abs(out));
+    match d.strip_prefix(&o) {
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => d,
+    }
+}
+
+/// A stored data path made usable: relative to the run folder, or (checkpoints written before
+/// paths were stored relative to it) to the working directory.
+fn resolved_data(stored: &Path, ckpt_dir: &Path) -> PathBuf {
+    if stored.is_absolute() {
+        return stored.to_path_buf();
+    }
+    let run = ckpt_dir.parent().unwrap_or(Path::new("."));
+    let inside = run.join(stored);
+    if inside.join("data.json").is_file() || !stored.join("data.json").is_file() {
+        inside
+    } else {
+        stored.to_path_buf()
+    }
 }
 
 fn err(what: impl std::fmt::Display) -> SpecError {
@@ -126,16 +162,86 @@ pub fn save(
     write_tensors(&tmp.join("optimizer.safetensors"), &opt)?;
     let st = tmp.join("state.json");
     let mut f = File::create(&st).map_err(|e| err(format!("{}: {e}", st.display())))?;
-    f.write_all(serde_json::to_string_pretty(state).expect("json").as_bytes())
+    let stored = State {
+        data_dir: portable(&state.data_dir, out),
+        ..state.clone()
+    };
+    f.write_all(serde_json::to_string_pretty(&stored).expect("json").as_bytes())
         .map_err(|e| err(format!("{}: {e}", st.display())))?;
     f.sync_all().map_err(|e| err(format!("{}: {e}", st.display())))?;
     std::fs::copy(tokenizer, tmp.join("tokenizer.json")).map_err(|e| err(format!("{}: {e}", tokenizer.display())))?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
-    let latest_tmp = out.join("latest.tmp");
-    std::fs::write(&latest_tmp, &name).map_err(|e| err(format!("{}: {e}", latest_tmp.display())))?;
-    std::fs::rename(&latest_tmp, out.join("latest")).map_err(|e| err(format!("{}: {e}", out.display())))?;
+    set_latest(out, Some(&name))?;
     Ok(dir)
+}
+
+/// Point `out/latest` at `name` (written to a temporary file and renamed), or remove it.
+fn set_latest(out: &Path, name: Option<&str>) -> Result<(), SpecError> {
+    let latest = out.join("latest");
+    let Some(name) = name else {
+        return match std::fs::remove_file(&latest) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(err(format!("{}: {e}", latest.display()))),
+            _ => Ok(()),
+        };
+    };
+    let latest_tmp = out.join("latest.tmp");
+    let mut f = File::create(&latest_tmp).map_err(|e| err(format!("{}: {e}", latest_tmp.display())))?;
+    f.write_all(name.as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(|e| err(format!("{}: {e}", latest_tmp.display())))?;
+    std::fs::rename(&latest_tmp, &latest).map_err(|e| err(format!("{}: {e}", out.display())))
+}
+
+/// The finished checkpoints in run folder `out`, oldest first, as (step, folder name).
+pub fn list(out: &Path) -> Vec<(u64, String)> {
+    let mut v: Vec<(u64, String)> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let step = name.strip_prefix("ckpt-")?.parse::<u64>().ok()?;
+            e.path().join("state.json").is_file().then_some((step, name))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Take back the checkpoints of `out` at step `from` and later (a diverged run's: their
+/// parameters gave the bad loss): each is renamed `ckpt-NNNNNN.diverged` (kept for inspection,
+/// never deleted) and `latest` moves to the newest earlier one, or is removed if there is none.
+/// Returns the folder `latest` names now.
+pub fn retract(out: &Path, from: u64) -> Result<Option<PathBuf>, SpecError> {
+    let all = list(out);
+    let good = all.iter().rev().find(|(s, _)| *s < from).map(|(_, n)| n.clone());
+    set_latest(out, good.as_deref())?;
+    for (_, name) in all.iter().filter(|(s, _)| *s >= from) {
+        let bad = out.join(format!("{name}.diverged"));
+        let _ = std::fs::remove_dir_all(&bad);
+        std::fs::rename(out.join(name), &bad).map_err(|e| err(format!("{}: {e}", bad.display())))?;
+    }
+    Ok(good.map(|n| out.join(n)))
+}
+
+/// Keep the newest `keep` checkpoints of `out` (0: all) and never the one `latest` names;
+/// each older one is renamed away first, so a crash leaves whole checkpoints or none.
+pub fn prune(out: &Path, keep: usize) -> Result<(), SpecError> {
+    if keep == 0 {
+        return Ok(());
+    }
+    let latest = std::fs::read_to_string(out.join("latest")).unwrap_or_default();
+    let all = list(out);
+    for (_, name) in all.iter().rev().skip(keep) {
+        if *name == latest.trim() {
+            continue;
+        }
+        let gone = out.join(format!("{name}.deleting"));
+        std::fs::rename(out.join(name), &gone).map_err(|e| err(format!("{}: {e}", gone.display())))?;
+        std::fs::remove_dir_all(&gone).map_err(|e| err(format!("{}: {e}", gone.display())))?;
+    }
+    Ok(())
 }
 
 /// A checkpoint folder, or a run folder whose `latest` names one.
@@ -157,8 +263,9 @@ pub fn resolve(path: &Path) -> Result<PathBuf, SpecError> {
 pub fn load(dir: &Path, with_optimizer: bool) -> Result<(State, Vec<f32>, Option<(Vec<f32>, Vec<f32>)>), SpecError> {
     let sp = dir.join("state.json");
     let text = std::fs::read_to_string(&sp).map_err(|e| err(format!("{}: cannot read: {e}", sp.display())))?;
-    let state: State =
+    let mut state: State =
         serde_json::from_str(&text).map_err(|e| err(format!("{}: corrupt checkpoint state: {e}", sp.display())))?;
+    state.data_dir = resolved_data(&state.data_dir, dir);
     let shape = crate::GptShape::from_spec(&state.model)?;
     let layout = ParamLayout::new(&shape);
     let read = |file: &str| -> Result<Vec<u8>, SpecError> {

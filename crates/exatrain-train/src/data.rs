@@ -12,6 +12,9 @@ use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, Tokenizer, TokenizerImpl,
 };
 
+/// The smallest vocabulary a byte-level BPE tokenizer fits in: 256 bytes + `<|endoftext|>`.
+pub const MIN_VOCAB: u32 = 257;
+
 /// The shards' header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DataMeta {
@@ -70,7 +73,12 @@ fn write_u16(path: &Path, toks: &[u32]) -> Result<(), SpecError> {
 /// tokens is the validation split.
 pub fn prepare(text_file: &Path, vocab: u32, dir: &Path) -> Result<DataMeta, SpecError> {
     if vocab > 65535 {
-        return Err(err(format!("vocab {vocab}: shards store u16 tokens (at most 65535)")));
+        return Err(err(format!("model vocab {vocab}: shards store u16 tokens (at most 65535)")));
+    }
+    if vocab < MIN_VOCAB {
+        return Err(err(format!(
+            "model vocab {vocab}: the byte-level tokenizer needs at least {MIN_VOCAB} tokens (256 bytes + <|endoftext|>)"
+        )));
     }
     let text = std::fs::read_to_string(text_file)
         .map_err(|e| err(format!("--data {}: cannot read: {e}", text_file.display())))?;
@@ -86,6 +94,12 @@ pub fn prepare(text_file: &Path, vocab: u32, dir: &Path) -> Result<DataMeta, Spe
         .map_err(|e| err(format!("tokenizing: {e}")))?
         .get_ids()
         .to_vec();
+    let have = tk.get_vocab_size(true);
+    if have > vocab as usize || ids.iter().any(|&t| t >= vocab) {
+        return Err(err(format!(
+            "model vocab {vocab}: the tokenizer trained on --data has {have} tokens"
+        )));
+    }
     let split = ids.len() * 9 / 10;
     let (train, val) = ids.split_at(split);
     write_u16(&tmp.join("train.bin"), train)?;
@@ -187,6 +201,20 @@ impl Dataset {
             train,
             val,
         })
+    }
+}
+
+impl Dataset {
+    /// The tokens must index the model's embedding: its vocabulary holds the tokenizer's.
+    pub fn check_vocab(&self, vocab: usize, model: &str) -> Result<(), SpecError> {
+        if self.meta.vocab_size as usize > vocab {
+            return Err(err(format!(
+                "--data {}: the tokenizer has {} tokens but model {model} has vocab {vocab}",
+                self.dir.display(),
+                self.meta.vocab_size
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
+pub mod guard;
 pub mod hf;
 pub mod kernels;
 pub mod model;

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use exatrain_cost::Times;
@@ -25,6 +25,7 @@ use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{self, Dataset};
+use crate::guard::Guard;
 use crate::model::{Gpt, GptShape, Part, TpGroup};
 use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::train::TrainConfig;
@@ -67,6 +68,8 @@ pub struct Start {
     /// AdamW moments
     pub m: Vec<f32>,
     pub v: Vec<f32>,
+    /// the lowest training loss so far (the divergence guard's reference)
+    pub min_loss: Option<f64>,
 }
 
 /// One finished step, as world rank 0 sees it.
@@ -97,6 +100,10 @@ pub struct Options<'a> {
     pub on_checkpoint: Option<&'a (dyn Fn(&Start) -> Result<(), SpecError> + Sync)>,
     /// called on world rank 0 after every step
     pub on_step: Option<&'a (dyn Fn(&StepLine) + Sync)>,
+    /// called on world rank 0 when the divergence guard stops the run, with the first step
+    /// whose checkpoint gave the bad loss; returns the checkpoint that is still good
+    #[allow(clippy::type_complexity)]
+    pub on_diverge: Option<&'a (dyn Fn(u64) -> Result<Option<PathBuf>, SpecError> + Sync)>,
 }
 
 /// Bytes one rank sends per step in each collective kind (ring count, as the planner's
@@ -377,6 +384,7 @@ fn gather_whole(
         params: all,
         m,
         v,
+        min_loss: None,
     })
 }
 
@@ -438,11 +446,29 @@ pub fn train(
     data_dir: &Path,
     world: &dyn Communicator,
 ) -> Result<RankResult, SpecError> {
-    let r = run(spec, cfg, pc, opts, data_dir, world);
-    if let Err(e) = &r {
-        world.abort(&e.0);
+    match run(spec, cfg, pc, opts, data_dir, world) {
+        Ok(r) => Ok(r),
+        // every rank saw the same loss and norm and stops at the same point: nothing to abort
+        Err(Stop::Agreed(e)) => Err(e),
+        Err(Stop::Failed(e)) => {
+            world.abort(&e.0);
+            Err(e)
+        }
     }
-    r
+}
+
+/// How a rank's run ended early.
+enum Stop {
+    /// every rank stops here with this error (the divergence guard)
+    Agreed(SpecError),
+    /// this rank failed: the others must be stopped
+    Failed(SpecError),
+}
+
+impl From<SpecError> for Stop {
+    fn from(e: SpecError) -> Stop {
+        Stop::Failed(e)
+    }
 }
 
 fn run(
@@ -452,11 +478,12 @@ fn run(
     opts: &Options,
     data_dir: &Path,
     world: &dyn Communicator,
-) -> Result<RankResult, SpecError> {
+) -> Result<RankResult, Stop> {
     check(spec, cfg, pc, world.size())?;
     let sched = opts.schedule;
     let shape = GptShape::from_spec(spec)?;
     let data = Dataset::open(data_dir, shape.max_seq)?;
+    data.check_vocab(shape.vocab, &spec.name)?;
     let g = split_groups(world, pc).map_err(comm_err)?;
     let (tp_i, dp_i, pp_i) = pc.coords(world.rank() as u32);
     let (tp_i, dp_i, pp_i) = (tp_i as usize, dp_i as usize, pp_i as usize);
@@ -555,7 +582,8 @@ fn run(
                     "resume: the checkpoint holds {} parameters, model {} has {whole}",
                     st.params.len(),
                     spec.name
-                )));
+                ))
+                .into());
             }
             for ch in &mut chunks {
                 ch.restore(&shape, st);
@@ -564,6 +592,7 @@ fn run(
         }
         None => 0,
     };
+    let mut guard = Guard::new(cfg.divergence_factor, opts.start.as_ref().and_then(|s| s.min_loss));
 
     // --- meters: what passes through each group
     let tp_act = Metered::new(&*g.tp);
@@ -762,6 +791,16 @@ fn run(
         world.all_reduce(&mut red).map_err(comm_err)?;
         let red_s = t_red.elapsed().as_secs_f64();
         let norm = (red[0] as f64).sqrt();
+        if let Err(d) = guard.check(step + 1, red[1] as f64, norm) {
+            // the parameters after `step` steps gave this loss: take back their checkpoint
+            let mut good = None;
+            if world.rank() == 0 {
+                if let Some(f) = opts.on_diverge {
+                    good = f(step).map_err(Stop::Failed)?;
+                }
+            }
+            return Err(Stop::Agreed(SpecError::new(d.message(good.as_deref()))));
+        }
         losses.push(red[1] as f64);
         grad_norms.push(norm);
         let clip = if norm > cfg.grad_clip && norm.is_finite() {
@@ -834,7 +873,8 @@ fn run(
         let done = step + 1;
         if let Some(f) = opts.on_checkpoint {
             if (cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == cfg.steps {
-                let whole = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
+                let mut whole = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
+                whole.min_loss = guard.min_loss;
                 if world.rank() == 0 {
                     f(&whole)?;
                 }
@@ -842,10 +882,10 @@ fn run(
         }
     }
     if sums.is_empty() {
-        return Err(SpecError::new(format!(
+        return Err(Stop::Failed(SpecError::new(format!(
             "--steps {}: the run already completed {first_step} steps",
             cfg.steps
-        )));
+        ))));
     }
 
     // --- the report: means over the steps after the first

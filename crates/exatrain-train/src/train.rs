@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, State};
 use crate::data::{self, Dataset};
+use crate::guard::Guard;
 use crate::model::{Gpt, GptShape};
 use crate::optim::{clip_grad_norm, lr_at, AdamW, AdamWConfig};
 
@@ -34,6 +35,30 @@ pub struct TrainConfig {
     pub seed: u64,
     pub sample_prompt: String,
     pub sample_tokens: usize,
+    /// Stop when the loss exceeds this factor × the lowest loss so far (0: only NaN/inf stop).
+    #[serde(default = "default_divergence")]
+    pub divergence_factor: f64,
+    /// Keep only the newest this many checkpoints (0: all).
+    #[serde(default)]
+    pub keep_last: usize,
+}
+
+fn default_divergence() -> f64 {
+    3.0
+}
+
+/// The largest micro-batch and global batch (sequences) the trainer accepts.
+pub const MAX_BATCH: usize = 1 << 20;
+/// The most tokens a sample may ask for.
+pub const MAX_SAMPLE_TOKENS: usize = 1 << 16;
+
+/// `value` is finite and within `lo..=hi`, else the error names `flag` and what is allowed.
+pub fn check_range(flag: &str, value: f64, lo: f64, hi: f64, allowed: &str) -> Result<(), SpecError> {
+    if value.is_finite() && value >= lo && value <= hi {
+        Ok(())
+    } else {
+        Err(SpecError::new(format!("{flag} {value}: must be {allowed}")))
+    }
 }
 
 impl Default for TrainConfig {
@@ -53,6 +78,8 @@ impl Default for TrainConfig {
             seed: 1337,
             sample_prompt: "LOVE, n.".into(),
             sample_tokens: 40,
+            divergence_factor: default_divergence(),
+            keep_last: 0,
         }
     }
 }
@@ -64,16 +91,33 @@ impl TrainConfig {
                 "--steps, --micro-batch and --global-batch must be positive integers",
             ));
         }
+        for (flag, v) in [("--micro-batch", self.micro_batch), ("--global-batch", self.global_batch)] {
+            if v > MAX_BATCH {
+                return Err(SpecError::new(format!(
+                    "{flag} {v}: at most {MAX_BATCH} sequences"
+                )));
+            }
+        }
+        if self.sample_tokens > MAX_SAMPLE_TOKENS {
+            return Err(SpecError::new(format!(
+                "sample tokens {}: at most {MAX_SAMPLE_TOKENS}",
+                self.sample_tokens
+            )));
+        }
+        check_range("--lr", self.lr, f64::MIN_POSITIVE, 10.0, "a learning rate in (0, 10]")?;
+        check_range("--min-lr", self.min_lr, 0.0, self.lr, "in [0, --lr]")?;
+        check_range("--weight-decay", self.weight_decay, 0.0, 10.0, "in [0, 10]")?;
+        check_range("--grad-clip", self.grad_clip, f64::MIN_POSITIVE, f64::MAX, "a positive norm")?;
+        if !(self.divergence_factor == 0.0 || (self.divergence_factor.is_finite() && self.divergence_factor > 1.0)) {
+            return Err(SpecError::new(format!(
+                "--divergence-factor {}: must be 0 (off) or a factor > 1",
+                self.divergence_factor
+            )));
+        }
         if self.global_batch % self.micro_batch != 0 {
             return Err(SpecError::new(format!(
                 "--global-batch {} is not divisible by --micro-batch {}",
                 self.global_batch, self.micro_batch
-            )));
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
-            return Err(SpecError::new(format!(
-                "--lr {} must be positive and at least --min-lr {}",
-                self.lr, self.min_lr
             )));
         }
         Ok(())
@@ -125,6 +169,9 @@ pub struct Trainer {
     tokens: Vec<u32>,
     targets: Vec<u32>,
     last_checkpoint: Option<PathBuf>,
+    guard: Guard,
+    /// The run's layout and engine settings, stored in each checkpoint.
+    pub run: serde_json::Value,
 }
 
 /// sgemm throughput of this machine on 1024³ with the kernels' row split, FLOP/s (the
@@ -139,15 +186,7 @@ impl Trainer {
         cfg.check()?;
         let shape = GptShape::from_spec(&spec)?;
         let data = Dataset::open(data_dir, shape.max_seq)?;
-        if data.meta.vocab_size as usize > shape.vocab {
-            return Err(SpecError::new(format!(
-                "--data {}: the tokenizer has {} tokens but model {} has vocab {}",
-                data_dir.display(),
-                data.meta.vocab_size,
-                spec.name,
-                shape.vocab
-            )));
-        }
+        data.check_vocab(shape.vocab, &spec.name)?;
         let tokenizer = data::load_tokenizer(data_dir)?;
         std::fs::create_dir_all(out)
             .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
@@ -163,7 +202,6 @@ impl Trainer {
         );
         Ok(Trainer {
             spec,
-            cfg,
             model,
             opt,
             data,
@@ -175,17 +213,26 @@ impl Trainer {
             tokens: Vec::new(),
             targets: Vec::new(),
             last_checkpoint: None,
+            guard: Guard::new(cfg.divergence_factor, None),
+            run: serde_json::Value::Null,
+            cfg,
         })
     }
 
-    /// Continue the run saved in `ckpt` (a checkpoint or its run folder). `steps` may extend it.
-    pub fn resume(ckpt: &Path, steps: Option<u64>) -> Result<Trainer, SpecError> {
+    /// Continue the run saved in `ckpt` (a checkpoint or its run folder) with its own config,
+    /// or `cfg` (the caller's deliberate changes to it).
+    pub fn resume(ckpt: &Path, cfg: Option<TrainConfig>) -> Result<Trainer, SpecError> {
         let dir = checkpoint::resolve(ckpt)?;
         let (state, params, opt) = checkpoint::load(&dir, true)?;
-        let mut cfg: TrainConfig = serde_json::from_value(state.config.clone())
-            .map_err(|e| SpecError::new(format!("{}: corrupt checkpoint config: {e}", dir.display())))?;
-        if let Some(s) = steps {
-            cfg.steps = s;
+        let cfg = match cfg {
+            Some(c) => c,
+            None => stored_config(&state, &dir)?,
+        };
+        if cfg.steps <= state.step {
+            return Err(SpecError::new(format!(
+                "--steps {}: the run has already completed {} steps; pass more to extend it",
+                cfg.steps, state.step
+            )));
         }
         let out = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
         let mut t = Trainer::new(state.model.clone(), cfg, &state.data_dir, &out)?;
@@ -197,6 +244,8 @@ impl Trainer {
         t.step = state.step;
         t.sequences = state.sequences;
         t.last_checkpoint = Some(dir);
+        t.guard.min_loss = state.min_loss;
+        t.run = state.run;
         Ok(t)
     }
 
@@ -247,16 +296,12 @@ impl Trainer {
             loss += self.model.forward(&self.tokens, &self.targets, b, t) as f64 / accum as f64;
             self.model.backward(1.0 / accum as f32);
         }
-        if !loss.is_finite() {
-            return Err(SpecError::new(format!(
-                "loss is {loss} at step {}: stopping; the last good checkpoint is {}",
-                self.step + 1,
-                self.last_checkpoint
-                    .as_ref()
-                    .map_or("(none yet)".into(), |p| p.display().to_string())
-            )));
-        }
         let grad_norm = clip_grad_norm(&mut self.model.grads, self.cfg.grad_clip);
+        if let Err(d) = self.guard.check(self.step + 1, loss, grad_norm) {
+            // the parameters after step `self.step` gave this loss: take back their checkpoint
+            let good = checkpoint::retract(&self.out, self.step)?;
+            return Err(SpecError::new(d.message(good.as_deref())));
+        }
         let lr = lr_at(self.step, self.cfg.lr, self.cfg.min_lr, self.cfg.warmup, self.cfg.steps);
         self.opt.update(&mut self.model.params, &self.model.grads, lr);
         self.step += 1;
@@ -305,6 +350,8 @@ impl Trainer {
             model: self.spec.clone(),
             config: serde_json::to_value(&self.cfg).expect("json"),
             data_dir: self.data.dir.clone(),
+            run: self.run.clone(),
+            min_loss: self.guard.min_loss,
         };
         let dir = checkpoint::save(
             &self.out,
@@ -315,9 +362,16 @@ impl Trainer {
             &self.opt.v,
             &self.data.dir.join("tokenizer.json"),
         )?;
+        checkpoint::prune(&self.out, self.cfg.keep_last)?;
         self.last_checkpoint = Some(dir.clone());
         Ok(dir)
     }
+}
+
+/// The config a checkpoint was written with.
+pub fn stored_config(state: &State, dir: &Path) -> Result<TrainConfig, SpecError> {
+    serde_json::from_value(state.config.clone())
+        .map_err(|e| SpecError::new(format!("{}: corrupt checkpoint config: {e}", dir.display())))
 }
 
 /// Autoregressive sampling with temperature, from a model and its tokenizer.

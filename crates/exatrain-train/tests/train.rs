@@ -194,7 +194,17 @@ fn resume_continues_bit_identically() {
     let full = run("full", 6, 0);
     let first = run("cut", 3, 3);
     assert_eq!(&first[..], &full[..3]);
-    let mut t = Trainer::resume(&dir.join("cut"), Some(6)).unwrap();
+    // resume keeps the run's own total: the cut run is complete
+    let e = Trainer::resume(&dir.join("cut"), None).err().unwrap();
+    assert!(e.0.contains("already completed 3 steps"), "{e}");
+    let mut t = Trainer::resume(
+        &dir.join("cut"),
+        Some(TrainConfig {
+            ckpt_every: 3,
+            ..cfg(6)
+        }),
+    )
+    .unwrap();
     assert_eq!(t.step, 3);
     let rest: Vec<f64> = (0..3).map(|_| t.train_step().unwrap().loss).collect();
     for (a, b) in rest.iter().zip(&full[3..]) {
@@ -282,24 +292,48 @@ fn bad_data_is_a_clear_error() {
 fn nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint() {
     let dir = tmp("nan");
     let d = dataset(&dir, 20_000, 300);
+    let run = dir.join("run");
     let mut t = Trainer::new(
         spec(300, 32),
         TrainConfig {
             ckpt_every: 1,
-            ..cfg(5)
+            keep_last: 2,
+            ..cfg(8)
         },
         &d,
-        &dir.join("run"),
+        &run,
     )
     .unwrap();
-    t.train_step().unwrap();
+    for _ in 0..3 {
+        t.train_step().unwrap();
+    }
+    // --keep-last 2 pruned the first checkpoint
+    let steps: Vec<u64> = checkpoint::list(&run).iter().map(|c| c.0).collect();
+    assert_eq!(steps, vec![2, 3]);
     t.model.params[5] = f32::NAN;
     let e = t.train_step().err().unwrap();
-    assert!(e.0.contains("at step 2") && e.0.contains("ckpt-000001"), "{e}");
-    assert!(
-        checkpoint::load(&checkpoint::resolve(&dir.join("run")).unwrap(), true).is_ok(),
-        "the good checkpoint is intact"
-    );
+    // the parameters after step 3 gave step 4's loss: their checkpoint is taken back
+    assert!(e.0.contains("at step 4") && e.0.contains("ckpt-000002"), "{e}");
+    assert_eq!(checkpoint::resolve(&run).unwrap(), run.join("ckpt-000002"));
+    assert!(run.join("ckpt-000003.diverged").is_dir() && !run.join("ckpt-000003").exists());
+    let (_, params, _) = checkpoint::load(&checkpoint::resolve(&run).unwrap(), true).unwrap();
+    assert!(params.iter().all(|x| x.is_finite()), "the good checkpoint is intact");
+}
+
+#[test]
+fn a_loss_far_above_its_minimum_stops_before_the_update() {
+    let dir = tmp("diverge");
+    let d = dataset(&dir, 20_000, 300);
+    let mut t = Trainer::new(spec(300, 32), cfg(8), &d, &dir.join("run")).unwrap();
+    t.train_step().unwrap();
+    // weights blown up by 1e3: logits of ~1e5, a loss far above 3 × the first
+    for x in t.model.params.iter_mut() {
+        *x *= 1e3;
+    }
+    let before = t.model.params.clone();
+    let e = t.train_step().err().unwrap();
+    assert!(e.0.contains("divergence-factor") && e.0.contains("at step 2"), "{e}");
+    assert_eq!(t.model.params, before, "no update after a refused step");
 }
 
 #[test]
