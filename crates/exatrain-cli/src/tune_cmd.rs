@@ -281,7 +281,7 @@ fn train_eval(meta: &Meta, dir: &std::path::Path) -> Result<(String, Metric), Sp
         "{launcher} {exe} train --model {model} --data {data} --cluster {cluster} --tp {{tp}} --pp {{pp}} --dp {{dp}} \
          --micro-batch {{micro_batch}} --global-batch {{global_batch}} --zero {{zero}} --recompute {{recompute}} \
          --sequence-parallel {{sequence_parallel}} --virtual-stages {{virtual_stages}} --order {{order}} \
-         --steps {steps} --warmup 0 --eval-every {never} --no-ckpt --json {ranks} \
+         --steps {steps} --warmup 0 --eval-every {never} --no-ckpt --overwrite --json {ranks} \
          --out {trials}/{{trial}} --report {trials}/{{trial}}/report.json",
         launcher = meta.launcher,
         exe = quote(&exe),

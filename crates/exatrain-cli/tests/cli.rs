@@ -304,6 +304,12 @@ fn train_sample_and_export_hf_end_to_end() {
     let o = exatrain(&["train", "--resume", out.to_str().unwrap(), "--steps", "4", "--json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 1);
+    // a second start in the same folder is refused; nothing was touched
+    let o = exatrain(&args);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("holds a run") && err.contains("--resume") && err.contains("--overwrite"), "{err}");
+    assert!(out.join("ckpt-000004").is_dir());
     // data parallel over 2 in-process ranks trains what one process trains
     let report = dir.join("report.json");
     let o = exatrain(&[
@@ -324,6 +330,8 @@ fn train_sample_and_export_hf_end_to_end() {
         out.to_str().unwrap(),
         "--report",
         report.to_str().unwrap(),
+        "--overwrite",
+        "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let dp: Vec<serde_json::Value> = String::from_utf8(o.stdout)
@@ -407,6 +415,7 @@ fn train_report(model: &Path, out: &Path, report: &Path, args: &[&str]) {
         out.to_str().unwrap(),
         "--report",
         report.to_str().unwrap(),
+        "--overwrite",
     ];
     all.extend(args);
     let o = exatrain(&all);

@@ -53,6 +53,7 @@ fn mpi_layouts_train_what_one_process_trains() {
         "8",
         "--out",
         o,
+        "--overwrite",
     ];
     let single = losses(
         &Command::new(exe())
@@ -87,7 +88,7 @@ fn mpi_layouts_train_what_one_process_trains() {
         (4, &["--tp", "2", "--zero", "1", "--recompute", "selective"]),
     ];
     for (n, flags) in layouts {
-        let mut args = vec!["train", "--mpi"];
+        let mut args = vec!["train", "--mpi", "--json"];
         args.extend(flags);
         args.extend(common);
         let got = losses(&mpirun(n, &args));

@@ -307,7 +307,7 @@ fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
     let model = tiny_model(&work, 1);
     let m = model.to_str().unwrap();
     let cmd = format!(
-        "{} train --model {m} --ranks {{dp}} --zero {{zero}} --micro-batch {{micro_batch}} --global-batch {{global_batch}} --steps 2 --out {}/run{{trial}}",
+        "{} train --model {m} --ranks {{dp}} --zero {{zero}} --micro-batch {{micro_batch}} --global-batch {{global_batch}} --steps 2 --json --out {}/run{{trial}}",
         env!("CARGO_BIN_EXE_exatrain"),
         work.display()
     );
@@ -416,11 +416,12 @@ fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
             serde_json::from_str(&std::fs::read_to_string(out.join(format!("trials/{t}/report.json"))).unwrap())
                 .unwrap();
         assert!(rep["tokens_per_s"].as_f64().unwrap() > 0.0);
-        let files: Vec<_> = std::fs::read_dir(out.join(format!("trials/{t}")))
+        let mut files: Vec<_> = std::fs::read_dir(out.join(format!("trials/{t}")))
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(files, ["report.json"], "tuner trials write no checkpoint");
+        files.sort();
+        assert_eq!(files, ["metrics.jsonl", "report.json"], "tuner trials write no checkpoint");
     }
     let trials = lines(&out);
     let best: f64 = trials
