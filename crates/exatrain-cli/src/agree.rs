@@ -1,3 +1,4 @@
+#![cfg_attr(not(feature = "mpi"), allow(dead_code))]
 //! Ranks agree or stop: before an MPI job does any work, rank 0 broadcasts a digest of each
 //! resolved setting; every rank compares it with its own, and one all-reduce tells every rank
 //! which settings differ, so all of them stop with the same message naming them (instead of a

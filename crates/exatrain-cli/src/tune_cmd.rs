@@ -171,10 +171,18 @@ fn positive(x: &str, flag: &str) -> Result<u32, SpecError> {
     }
 }
 
+/// The largest device count `--gpus` takes, and the most counts one range may list.
+const MAX_GPUS: u32 = 1 << 20;
+const MAX_GPU_COUNTS: usize = 4096;
+
 /// `N`, `A..B` (multiples of `step` in [A, B]) or `A..B:STEP`.
 pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
     let Some((a, rest)) = s.split_once("..") else {
-        return Ok(vec![positive(s, "gpus")?]);
+        let g = positive(s, "gpus")?;
+        if g > MAX_GPUS {
+            return Err(SpecError::new(format!("--gpus {s}: at most {MAX_GPUS} GPUs")));
+        }
+        return Ok(vec![g]);
     };
     let (b, step) = match rest.split_once(':') {
         Some((b, st)) => (b, positive(st, "gpus step")?),
@@ -184,7 +192,16 @@ pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
     if a > b {
         return Err(SpecError::new(format!("--gpus {s}: the range is empty ({a} > {b})")));
     }
+    if b > MAX_GPUS {
+        return Err(SpecError::new(format!("--gpus {s}: at most {MAX_GPUS} GPUs")));
+    }
     let v: Vec<u32> = (a..=b).filter(|g| g % step == 0 || *g == a).collect();
+    if v.len() > MAX_GPU_COUNTS {
+        return Err(SpecError::new(format!(
+            "--gpus {s}: {} device counts; at most {MAX_GPU_COUNTS} (use a larger step, A..B:STEP)",
+            v.len()
+        )));
+    }
     Ok(v)
 }
 
@@ -319,9 +336,18 @@ fn prior_of(meta: &Meta, space: &[ParallelConfig], prior: &ClusterSpec) -> Vec<f
 fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     let mut s = SpaceSpec::new(gpus, 1);
     s.global_batches = parse_list(&a.global_batch, "global-batch", |x| positive(x, "global-batch"))?;
-    s.max_micro_batch = a.max_micro_batch.max(1);
-    s.max_tp = a.max_tp.unwrap_or(u32::MAX).max(1);
-    s.max_pp = a.max_pp.unwrap_or(u32::MAX).max(1);
+    for (flag, v) in [
+        ("--max-micro-batch", Some(a.max_micro_batch)),
+        ("--max-tp", a.max_tp),
+        ("--max-pp", a.max_pp),
+    ] {
+        if v == Some(0) {
+            return Err(SpecError::new(format!("{flag} 0: must be a positive integer")));
+        }
+    }
+    s.max_micro_batch = a.max_micro_batch;
+    s.max_tp = a.max_tp.unwrap_or(u32::MAX);
+    s.max_pp = a.max_pp.unwrap_or(u32::MAX);
     s.zero = parse_list(&a.zero, "zero", |x| match x.parse::<u8>() {
         Ok(z) if z <= 3 => Ok(z),
         _ => Err(SpecError::new(format!(
@@ -417,6 +443,7 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                     )));
                 }
             }
+            preflight(&meta)?;
             let store = match &a.out {
                 Some(dir) => Some(Store::create(dir, &meta)?),
                 None => None,
@@ -424,6 +451,62 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
             black_box_search(&a, &meta, store, a.out.as_deref(), Vec::new())
         }
     }
+}
+
+/// The most trials a search runs, and trials at once.
+const MAX_BUDGET: usize = 100_000;
+const MAX_PARALLEL_TRIALS: usize = 256;
+
+/// Every flag of a black-box search checked before its store is created, so a typo leaves no
+/// folder behind that would block both a rerun and `--resume`.
+fn preflight(meta: &Meta) -> Result<(), SpecError> {
+    if !(1..=MAX_BUDGET).contains(&meta.budget) {
+        return Err(SpecError::new(format!(
+            "--budget {}: must be in 1..={MAX_BUDGET}",
+            meta.budget
+        )));
+    }
+    if !(1..=MAX_PARALLEL_TRIALS).contains(&meta.parallel_trials) {
+        return Err(SpecError::new(format!(
+            "--parallel-trials {}: must be in 1..={MAX_PARALLEL_TRIALS}",
+            meta.parallel_trials
+        )));
+    }
+    if !(meta.timeout > 0.0 && meta.timeout.is_finite()) {
+        return Err(SpecError::new(format!(
+            "--timeout {} must be a positive number of seconds",
+            meta.timeout
+        )));
+    }
+    if let Some(r) = &meta.metric_regex {
+        regex::Regex::new(r).map_err(|e| SpecError::new(format!("--metric-regex: {e}")))?;
+    }
+    match meta.evaluator {
+        EvaluatorArg::Command => {
+            let Some(t) = &meta.eval_cmd else {
+                return Err(SpecError::new("--evaluator command needs --eval-cmd 'TEMPLATE'"));
+            };
+            let metric = Metric::JsonKey(meta.metric_key.clone());
+            CommandEval::new(t, 1, Duration::from_secs(1), metric)?;
+        }
+        EvaluatorArg::Train => {
+            let v = meta.model.vocab;
+            if !(exatrain_train::data::MIN_VOCAB..=65535).contains(&v) {
+                return Err(SpecError::new(format!(
+                    "--evaluator train: model vocab {v} must be in {}..=65535 (the trainer's byte-level tokenizer and u16 shards)",
+                    exatrain_train::data::MIN_VOCAB
+                )));
+            }
+            if meta.trial_steps > 1_000_000 {
+                return Err(SpecError::new(format!(
+                    "--trial-steps {}: at most 1000000",
+                    meta.trial_steps
+                )));
+            }
+        }
+        EvaluatorArg::Model => {}
+    }
+    Ok(())
 }
 
 fn resume(a: TuneArgs, dir: PathBuf) -> Result<(), SpecError> {
@@ -491,14 +574,22 @@ fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_li
                     if r.cfg.sequence_parallel { " sp" } else { "" },
                     if front.contains(&p.gpus) { "  (pareto)" } else { "" }
                 ),
-                None => println!(
-                    "{:>6} {:>10} {:>8}  {}",
-                    p.gpus,
-                    p.evaluated,
-                    p.feasible,
-                    p.why.as_deref().unwrap_or("")
-                ),
+                None => {}
             }
+        }
+        // counts with no layout in one line, with the first one's reason (--json lists each)
+        let none: Vec<_> = points.iter().filter(|p| p.best.is_none()).collect();
+        if let Some(first) = none.first() {
+            let list: Vec<String> = none.iter().take(8).map(|p| p.gpus.to_string()).collect();
+            println!(
+                "{} of {} device counts have no layout ({}{}); e.g. {}: {} (--json gives each reason)",
+                none.len(),
+                points.len(),
+                list.join(", "),
+                if none.len() > 8 { ", …" } else { "" },
+                first.gpus,
+                first.why.as_deref().unwrap_or("no layout fits in memory")
+            );
         }
         return Ok(());
     }
@@ -641,7 +732,7 @@ fn black_box_search(
             "best": rows.iter().map(|(r, v)| row(r, *v)).collect::<Vec<_>>(),
         });
         println!("{out}");
-        return Ok(());
+        return all_failed(&trials);
     }
     println!(
         "{} on {} GPUs: {} trials ({} failed or out of memory) over a space of {} layouts{}; best found at trial {}",
@@ -656,5 +747,23 @@ fn black_box_search(
         best_at.map_or("-".into(), |n| n.to_string())
     );
     print_table(&rows);
-    Ok(())
+    all_failed(&trials)
+}
+
+/// A search none of whose trials gave a number is an error naming the first failure.
+fn all_failed(trials: &[Trial]) -> Result<(), SpecError> {
+    if trials.is_empty() || trials.iter().any(|t| t.outcome.value().is_some()) {
+        return Ok(());
+    }
+    let t = &trials[0];
+    Err(SpecError::new(format!(
+        "all {} trials failed; the first (trial {}, tp {} pp {} dp {} mbs {}): {}",
+        trials.len(),
+        t.id,
+        t.config.tp,
+        t.config.pp,
+        t.config.dp,
+        t.config.micro_batch,
+        serde_json::to_string(&t.outcome).unwrap_or_default()
+    )))
 }

@@ -82,18 +82,39 @@ pub const PLACEHOLDERS: &[&str] = &[
     "trial",
 ];
 
-/// Every `{name}` in `template` is one of [`PLACEHOLDERS`]; `what` names the template in errors.
-fn check_placeholders(template: &str, what: &str) -> Result<(), SpecError> {
+/// A template cut into literal text and `{name}` placeholders; `{{` and `}}` are literal braces
+/// (so a command can print JSON). `what` names the template in errors.
+enum Piece<'a> {
+    Text(&'a str),
+    Brace(char),
+    Field(&'a str),
+}
+
+fn pieces<'a>(template: &'a str, what: &str) -> Result<Vec<Piece<'a>>, SpecError> {
+    let mut out = Vec::new();
     let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        let after = &rest[open + 1..];
+    while let Some(i) = rest.find(['{', '}']) {
+        out.push(Piece::Text(&rest[..i]));
+        let after = &rest[i + 1..];
+        if rest[i..].starts_with("{{") || rest[i..].starts_with("}}") {
+            out.push(Piece::Brace(rest.as_bytes()[i] as char));
+            rest = &after[1..];
+            continue;
+        }
+        if rest.as_bytes()[i] == b'}' {
+            return Err(SpecError::new(format!(
+                "{what}: unmatched '}}' in `{template}` (write '}}}}' for a literal brace)"
+            )));
+        }
         let Some(close) = after.find('}') else {
-            return Err(SpecError::new(format!("{what}: unclosed '{{' in `{template}`")));
+            return Err(SpecError::new(format!(
+                "{what}: unclosed '{{' in `{template}` (write '{{{{' for a literal brace)"
+            )));
         };
         let name = &after[..close];
         if !PLACEHOLDERS.contains(&name) {
             return Err(SpecError::new(format!(
-                "{what}: unknown placeholder {{{name}}} (allowed: {})",
+                "{what}: unknown placeholder {{{name}}} (allowed: {}; '{{{{' and '}}}}' are literal braces)",
                 PLACEHOLDERS
                     .iter()
                     .map(|p| format!("{{{p}}}"))
@@ -101,9 +122,16 @@ fn check_placeholders(template: &str, what: &str) -> Result<(), SpecError> {
                     .join(", ")
             )));
         }
+        out.push(Piece::Field(name));
         rest = &after[close + 1..];
     }
-    Ok(())
+    out.push(Piece::Text(rest));
+    Ok(out)
+}
+
+/// Every `{name}` in `template` is one of [`PLACEHOLDERS`].
+fn check_placeholders(template: &str, what: &str) -> Result<(), SpecError> {
+    pieces(template, what).map(|_| ())
 }
 
 /// Where the throughput is in a command's output.
@@ -170,9 +198,16 @@ impl CommandEval {
             ("order", c.order.to_string()),
             ("trial", trial.to_string()),
         ];
-        let mut s = template.to_string();
-        for (k, v) in values {
-            s = s.replace(&format!("{{{k}}}"), &v);
+        let Ok(parts) = pieces(template, "template") else {
+            return template.to_string(); // checked in `new`
+        };
+        let mut s = String::with_capacity(template.len());
+        for p in parts {
+            match p {
+                Piece::Text(t) => s.push_str(t),
+                Piece::Brace(c) => s.push(c),
+                Piece::Field(k) => s.push_str(values.iter().find(|(n, _)| *n == k).map_or("", |(_, v)| v.as_str())),
+            }
         }
         s
     }
@@ -216,6 +251,22 @@ impl Evaluator for CommandEval {
             .stderr(Stdio::piped());
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: between fork and exec only async-signal-safe calls: prctl and getppid.
+            // The trial gets SIGKILL when the tuner dies (even by kill -9); if the tuner is
+            // already gone, it does not start.
+            let parent = std::process::id() as libc::pid_t;
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -224,6 +275,7 @@ impl Evaluator for CommandEval {
                 }
             }
         };
+        let _running = running::Running::add(child.id() as i32);
         let mut so = child.stdout.take().expect("piped");
         let mut se = child.stderr.take().expect("piped");
         let out_t = std::thread::spawn(move || {
@@ -300,6 +352,55 @@ impl Evaluator for CommandEval {
                     }
                 },
             },
+        }
+    }
+}
+
+/// The process groups of the trials running now, killed when the tuner gets SIGINT or SIGTERM
+/// (a trial's group is its own, so the terminal's signal does not reach it).
+mod running {
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Once;
+
+    const SLOTS: usize = 256;
+    static GROUPS: [AtomicI32; SLOTS] = [const { AtomicI32::new(0) }; SLOTS];
+    static INSTALL: Once = Once::new();
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        for g in &GROUPS {
+            let pg = g.load(Ordering::SeqCst);
+            if pg > 0 {
+                // SAFETY: kill and _exit are async-signal-safe.
+                unsafe { libc::kill(-pg, libc::SIGKILL) };
+            }
+        }
+        unsafe { libc::_exit(128 + sig) };
+    }
+
+    /// A running trial's process group, registered while it lives.
+    pub struct Running(Option<usize>);
+
+    impl Running {
+        pub fn add(pgid: i32) -> Running {
+            INSTALL.call_once(|| {
+                // SAFETY: the handler only reads atomics and calls async-signal-safe functions.
+                unsafe {
+                    libc::signal(libc::SIGINT, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
+                    libc::signal(libc::SIGTERM, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
+                }
+            });
+            let slot = GROUPS
+                .iter()
+                .position(|g| g.compare_exchange(0, pgid, Ordering::SeqCst, Ordering::SeqCst).is_ok());
+            Running(slot)
+        }
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if let Some(i) = self.0 {
+                GROUPS[i].store(0, Ordering::SeqCst);
+            }
         }
     }
 }
