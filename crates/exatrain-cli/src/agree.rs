@@ -31,10 +31,7 @@ pub fn agree(world: &dyn Communicator, settings: &[(String, String)]) -> Result<
             "the ranks resolved different settings (different exatrain versions?); start every rank with the same command",
         ));
     }
-    let mine: Vec<f32> = settings
-        .iter()
-        .flat_map(|(k, v)| digest(&format!("{k}={v}")))
-        .collect();
+    let mine: Vec<f32> = settings.iter().flat_map(|(k, v)| digest(&format!("{k}={v}"))).collect();
     let mut root = mine.clone();
     world.broadcast(&mut root, 0).map_err(comm)?;
     let mut bad: Vec<f32> = mine

@@ -171,7 +171,8 @@ fn calibrate_mpi(
     quick: bool,
 ) -> Result<(calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>), SpecError> {
     use exatrain_parallel::comm::Communicator;
-    let (universe, world) = exatrain_parallel::mpi_comm::Mpi::world(std::time::Duration::from_secs(300)).map_err(|e| SpecError::new(e.0))?;
+    let (universe, world) = exatrain_parallel::mpi_comm::Mpi::world(std::time::Duration::from_secs(300))
+        .map_err(|e| SpecError::new(e.0))?;
     let c = calibrate::calibrate(memory_gib(), quick);
     let (sizes, reps) = comm_sizes(quick);
     let points = calibrate::time_collectives(&world, &sizes, reps).map_err(|e| SpecError::new(e.0))?;

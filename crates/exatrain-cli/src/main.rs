@@ -73,7 +73,10 @@ fn main() {
         Ok(m) => m,
         Err(e) if e.use_stderr() => {
             let text = e.render().to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad arguments");
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error: bad arguments");
             eprintln!("{first} (see --help)");
             std::process::exit(2);
         }

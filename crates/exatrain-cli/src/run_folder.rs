@@ -95,7 +95,8 @@ pub struct Progress {
 impl Progress {
     /// Output for a run in `dir` from step `start` to `total`.
     pub fn new(dir: &Path, start: u64, total: u64, json: bool) -> Result<Progress, SpecError> {
-        std::fs::create_dir_all(dir).map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", dir.display())))?;
         cut_metrics(dir, start)?;
         let metrics = std::fs::OpenOptions::new()
             .create(true)
@@ -215,7 +216,11 @@ mod tests {
         let steps: Vec<u64> = std::fs::read_to_string(d.join(METRICS))
             .unwrap()
             .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(steps, vec![1, 2, 3, 4]);
     }

@@ -270,12 +270,7 @@ struct Run {
 macro_rules! keep_or_change {
     ($given:expr, $changes:expr, $dst:expr, $src:expr, $id:literal) => {
         if $given.has($id) && $dst != $src {
-            $changes.push(format!(
-                "--{} {:?} → {:?}",
-                $id.replace('_', "-"),
-                $dst,
-                $src
-            ));
+            $changes.push(format!("--{} {:?} → {:?}", $id.replace('_', "-"), $dst, $src));
             $dst = $src.clone();
         }
     };
@@ -309,7 +304,15 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
                 Some(p) if p.is_dir() => p.clone(),
                 _ => a.out.join("data"),
             };
-            (load::model(&a.model)?, config(a), layout, data, a.out.clone(), None)
+            let spec = load::model(&a.model)?;
+            let v = spec.vocab;
+            if !matches!(&a.data, Some(p) if p.is_dir()) && !(data::MIN_VOCAB..=65535).contains(&v) {
+                return Err(SpecError::new(format!(
+                    "model vocab {v}: the trainer's byte-level tokenizer needs {}..=65535 tokens (256 bytes + <|endoftext|>; u16 shards)",
+                    data::MIN_VOCAB
+                )));
+            }
+            (spec, config(a), layout, data, a.out.clone(), None)
         }
         Some(r) => {
             let ckpt = checkpoint::resolve(r)?;
@@ -368,7 +371,13 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
         keep_or_change!(given, c, cfg.ckpt_every, a.ckpt_every, "ckpt_every");
         keep_or_change!(given, c, cfg.seed, a.seed, "seed");
         keep_or_change!(given, c, cfg.sample_prompt, a.prompt, "prompt");
-        keep_or_change!(given, c, cfg.divergence_factor, a.divergence_factor, "divergence_factor");
+        keep_or_change!(
+            given,
+            c,
+            cfg.divergence_factor,
+            a.divergence_factor,
+            "divergence_factor"
+        );
         keep_or_change!(given, c, cfg.keep_last, a.keep_last, "keep_last");
         let before = (layout.ranks, layout.tp, layout.pp);
         let ranks = world.unwrap_or(a.ranks);
@@ -384,7 +393,13 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
         }
         keep_or_change!(given, c, layout.zero, a.zero, "zero");
         keep_or_change!(given, c, layout.recompute, a.recompute, "recompute");
-        keep_or_change!(given, c, layout.sequence_parallel, a.sequence_parallel, "sequence_parallel");
+        keep_or_change!(
+            given,
+            c,
+            layout.sequence_parallel,
+            a.sequence_parallel,
+            "sequence_parallel"
+        );
         keep_or_change!(given, c, layout.virtual_stages, a.virtual_stages, "virtual_stages");
         keep_or_change!(given, c, layout.schedule, a.schedule, "schedule");
         keep_or_change!(given, c, layout.order, a.order, "order");
@@ -471,11 +486,7 @@ fn start(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
 }
 
 /// The measured breakdown of a parallel run beside the planner's prediction for its layout.
-fn report_json(
-    a: &TrainArgs,
-    run: &Run,
-    reports: &[RankReport],
-) -> Result<serde_json::Value, SpecError> {
+fn report_json(a: &TrainArgs, run: &Run, reports: &[RankReport]) -> Result<serde_json::Value, SpecError> {
     let cluster = load::cluster(&a.cluster)?;
     let (trained, layout) = parallel::as_trained(&run.spec, &run.pc);
     let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
@@ -794,11 +805,21 @@ pub fn run_train(a: TrainArgs, given: Given) -> Result<(), SpecError> {
             if let Some(v) = log.val_loss {
                 progress.say(format!(
                     "step {:>5}: train {:.3} | val {:.3} | unigram {:.3} | {:.0} tok/s | {:.3} TFLOP/s | MFU {:.1}%",
-                    log.step, log.loss, v, meta.unigram_entropy, log.tokens_per_s, log.model_tflops, 100.0 * log.mfu
+                    log.step,
+                    log.loss,
+                    v,
+                    meta.unigram_entropy,
+                    log.tokens_per_s,
+                    log.model_tflops,
+                    100.0 * log.mfu
                 ));
             }
             if let Some(s) = &log.sample {
-                progress.say(format!("  sample: {}{}", trainer.cfg.sample_prompt, s.replace('\n', " ")));
+                progress.say(format!(
+                    "  sample: {}{}",
+                    trainer.cfg.sample_prompt,
+                    s.replace('\n', " ")
+                ));
             }
             if let Some(c) = &log.checkpoint {
                 progress.say(format!("  checkpoint {}", c.display()));

@@ -308,7 +308,10 @@ fn train_sample_and_export_hf_end_to_end() {
     let o = exatrain(&args);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("holds a run") && err.contains("--resume") && err.contains("--overwrite"), "{err}");
+    assert!(
+        err.contains("holds a run") && err.contains("--resume") && err.contains("--overwrite"),
+        "{err}"
+    );
     assert!(out.join("ckpt-000004").is_dir());
     // data parallel over 2 in-process ranks trains what one process trains
     let report = dir.join("report.json");

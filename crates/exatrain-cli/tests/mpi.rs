@@ -111,3 +111,76 @@ fn a_failing_rank_ends_the_mpi_job_with_a_message() {
     assert!(err.contains("no such file"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(30));
 }
+
+/// `mpirun` with one command per rank (MPMD: `-n 1 A : -n 1 B`).
+fn mpirun_each(ranks: &[Vec<String>]) -> Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "--allow-run-as-root"]);
+    for (i, r) in ranks.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-n", "1"]).args(r);
+    }
+    cmd.output().expect("mpirun")
+}
+
+#[test]
+fn ranks_started_with_different_settings_stop_naming_the_setting() {
+    let dir = std::env::temp_dir().join(format!("exatrain-mpi-agree-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let rank = |steps: &str, lr: &str| -> Vec<String> {
+        [
+            exe(),
+            "train",
+            "--mpi",
+            "--steps",
+            steps,
+            "--lr",
+            lr,
+            "--out",
+            dir.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let t0 = Instant::now();
+    let o = mpirun_each(&[rank("3", "0.001"), rank("4", "0.001")]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("different settings: --steps"), "{err}");
+    assert!(!err.contains("--lr"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    assert!(!dir.join("metrics.jsonl").exists(), "nothing started");
+}
+
+#[test]
+fn a_rank_that_never_takes_part_ends_the_job_after_the_timeout() {
+    let dir = std::env::temp_dir().join(format!("exatrain-mpi-stall-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let t0 = Instant::now();
+    // rank 1 is not exatrain at all: rank 0 waits in MPI_Init, then its watchdog ends the job
+    let o = mpirun_each(&[
+        [
+            exe(),
+            "train",
+            "--mpi",
+            "--comm-timeout",
+            "5",
+            "--out",
+            dir.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        vec!["sleep".into(), "120".into()],
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--comm-timeout") && err.contains("stopped participating"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+}

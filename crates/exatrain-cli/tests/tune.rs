@@ -421,7 +421,11 @@ fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
             .map(|e| e.unwrap().file_name())
             .collect();
         files.sort();
-        assert_eq!(files, ["metrics.jsonl", "report.json"], "tuner trials write no checkpoint");
+        assert_eq!(
+            files,
+            ["metrics.jsonl", "report.json"],
+            "tuner trials write no checkpoint"
+        );
     }
     let trials = lines(&out);
     let best: f64 = trials

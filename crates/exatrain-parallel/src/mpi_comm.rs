@@ -24,7 +24,9 @@ static WHAT: Mutex<&str> = Mutex::new("");
 static RANK: AtomicI64 = AtomicI64::new(-1);
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
 }
 
 /// A blocking MPI call watched by the watchdog while it lasts.
@@ -53,7 +55,11 @@ fn start_watchdog(timeout: Duration) {
         if t != 0 && now_ms().saturating_sub(t) > timeout.as_millis() as u64 {
             let what = *WHAT.lock().unwrap_or_else(|e| e.into_inner());
             let rank = RANK.load(Ordering::SeqCst);
-            let who = if rank >= 0 { format!("rank {rank}") } else { "a rank".into() };
+            let who = if rank >= 0 {
+                format!("rank {rank}")
+            } else {
+                "a rank".into()
+            };
             eprintln!(
                 "error: {who}: {what} waited more than {:.0} s (--comm-timeout) for the other ranks: one of them stopped participating (crashed, hung or was started with a different command); ending the job",
                 timeout.as_secs_f64()

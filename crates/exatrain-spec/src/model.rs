@@ -135,6 +135,25 @@ impl ModelFile {
         let hidden = required(self.hidden, "hidden")?;
         let heads = required(self.heads, "heads")?;
         let seq_len = required(self.seq_len, "seq_len")?;
+        // bounds that keep every parameter and FLOP count far inside u64 (the largest published
+        // models are well within them); checked before any default is computed from them
+        for (field, v, max) in [
+            ("layers", Some(layers), 1u32 << 14),
+            ("hidden", Some(hidden), 1 << 18),
+            ("heads", Some(heads), 1 << 14),
+            ("kv_heads", self.kv_heads, 1 << 14),
+            ("head_dim", self.head_dim, 1 << 14),
+            ("ffn_hidden", self.ffn_hidden, 1 << 20),
+            ("seq_len", Some(seq_len), 1 << 24),
+            ("vocab", self.vocab, 1 << 24),
+            ("padded_vocab", self.padded_vocab, 1 << 24),
+        ] {
+            if let Some(v) = v.filter(|v| *v > max) {
+                return Err(SpecError::new(format!(
+                    "model: `{field}` {v} is too large (at most {max})"
+                )));
+            }
+        }
         let kv_heads = positive(self.kv_heads, "kv_heads", heads)?;
         if heads % kv_heads != 0 {
             return Err(SpecError::new(format!(

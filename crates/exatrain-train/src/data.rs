@@ -73,7 +73,9 @@ fn write_u16(path: &Path, toks: &[u32]) -> Result<(), SpecError> {
 /// tokens is the validation split.
 pub fn prepare(text_file: &Path, vocab: u32, dir: &Path) -> Result<DataMeta, SpecError> {
     if vocab > 65535 {
-        return Err(err(format!("model vocab {vocab}: shards store u16 tokens (at most 65535)")));
+        return Err(err(format!(
+            "model vocab {vocab}: shards store u16 tokens (at most 65535)"
+        )));
     }
     if vocab < MIN_VOCAB {
         return Err(err(format!(

@@ -72,7 +72,11 @@ mod tests {
         assert!(g.check(3, 11.9, 1.0).is_ok());
         assert_eq!(g.check(4, 12.1, 1.0).unwrap_err().step, 4);
         assert!(g.check(5, f64::NAN, 1.0).unwrap_err().why.contains("NaN"));
-        assert!(g.check(6, 4.0, f64::INFINITY).unwrap_err().why.contains("gradient norm"));
+        assert!(g
+            .check(6, 4.0, f64::INFINITY)
+            .unwrap_err()
+            .why
+            .contains("gradient norm"));
         assert_eq!(g.min_loss, Some(4.0));
         let mut off = Guard::new(0.0, Some(1.0));
         assert!(off.check(1, 1e15, 1.0).is_ok());

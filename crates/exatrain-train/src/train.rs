@@ -91,11 +91,12 @@ impl TrainConfig {
                 "--steps, --micro-batch and --global-batch must be positive integers",
             ));
         }
-        for (flag, v) in [("--micro-batch", self.micro_batch), ("--global-batch", self.global_batch)] {
+        for (flag, v) in [
+            ("--micro-batch", self.micro_batch),
+            ("--global-batch", self.global_batch),
+        ] {
             if v > MAX_BATCH {
-                return Err(SpecError::new(format!(
-                    "{flag} {v}: at most {MAX_BATCH} sequences"
-                )));
+                return Err(SpecError::new(format!("{flag} {v}: at most {MAX_BATCH} sequences")));
             }
         }
         if self.sample_tokens > MAX_SAMPLE_TOKENS {
@@ -107,7 +108,13 @@ impl TrainConfig {
         check_range("--lr", self.lr, f64::MIN_POSITIVE, 10.0, "a learning rate in (0, 10]")?;
         check_range("--min-lr", self.min_lr, 0.0, self.lr, "in [0, --lr]")?;
         check_range("--weight-decay", self.weight_decay, 0.0, 10.0, "in [0, 10]")?;
-        check_range("--grad-clip", self.grad_clip, f64::MIN_POSITIVE, f64::MAX, "a positive norm")?;
+        check_range(
+            "--grad-clip",
+            self.grad_clip,
+            f64::MIN_POSITIVE,
+            f64::MAX,
+            "a positive norm",
+        )?;
         if !(self.divergence_factor == 0.0 || (self.divergence_factor.is_finite() && self.divergence_factor > 1.0)) {
             return Err(SpecError::new(format!(
                 "--divergence-factor {}: must be 0 (off) or a factor > 1",

@@ -385,8 +385,14 @@ mod running {
             INSTALL.call_once(|| {
                 // SAFETY: the handler only reads atomics and calls async-signal-safe functions.
                 unsafe {
-                    libc::signal(libc::SIGINT, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
-                    libc::signal(libc::SIGTERM, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t);
+                    libc::signal(
+                        libc::SIGINT,
+                        on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                    );
+                    libc::signal(
+                        libc::SIGTERM,
+                        on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                    );
                 }
             });
             let slot = GROUPS

@@ -1,0 +1,380 @@
+//! What a user must never lose: runs are not overwritten, diverged training stops before a bad
+//! checkpoint becomes `latest`, a resume continues the run it names, bad input is named, and the
+//! tuner leaves nothing half-made behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_exatrain")
+}
+
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(exe()).current_dir(dir).args(args).output().expect("runs")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("exatrain-hard-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tiny(dir: &Path) -> PathBuf {
+    let m = dir.join("tiny.toml");
+    std::fs::write(
+        &m,
+        "name = \"tiny\"\nlayers = 2\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n",
+    )
+    .unwrap();
+    m
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn err(o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn steps(lines: &str) -> Vec<u64> {
+    lines
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_diverging_multi_rank_run_stops_and_never_names_a_bad_checkpoint() {
+    let d = tmp("diverge");
+    let m = tiny(&d);
+    // lr 5: the second step's loss is far above the first's
+    let o = run_in(
+        &d,
+        &[
+            "train",
+            "--model",
+            m.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--lr",
+            "5",
+            "--min-lr",
+            "0",
+            "--warmup",
+            "1",
+            "--ckpt-every",
+            "1",
+            "--steps",
+            "10",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "4",
+            "--out",
+            "run",
+            "--json",
+        ],
+    );
+    let e = err(&o);
+    assert!(e.contains("at step 2") && e.contains("divergence-factor"), "{e}");
+    // the checkpoint of step 1 gave the bad loss: taken back, `latest` gone
+    assert!(
+        !d.join("run/latest").exists(),
+        "latest must not name a diverged checkpoint"
+    );
+    assert!(d.join("run/ckpt-000001.diverged").is_dir());
+    assert_eq!(
+        steps(&std::fs::read_to_string(d.join("run/metrics.jsonl")).unwrap()),
+        vec![1]
+    );
+}
+
+#[test]
+fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
+    let d = tmp("resume");
+    let m = tiny(&d);
+    let first = d.join("a");
+    std::fs::create_dir_all(&first).unwrap();
+    let base = [
+        "train",
+        "--model",
+        m.to_str().unwrap(),
+        "--ranks",
+        "2",
+        "--tp",
+        "2",
+        "--steps",
+        "3",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--ckpt-every",
+        "2",
+        "--out",
+        "run",
+        "--json",
+    ];
+    ok(&run_in(&first, &base));
+    let run = first.join("run");
+    let r = run.to_str().unwrap();
+    // from another working directory, with no flags: the run is complete
+    let e = err(&run_in(&d, &["train", "--resume", r]));
+    assert!(e.contains("already completed 3 steps"), "{e}");
+    let e = err(&run_in(&d, &["train", "--resume", r, "--steps", "2"]));
+    assert!(e.contains("--steps 2"), "{e}");
+    // resume from the step-2 checkpoint: keeps the 2-rank tp 2 layout, extends to 5 steps,
+    // reports the deliberate change of --lr
+    std::fs::write(run.join("latest"), "ckpt-000002").unwrap();
+    let o = run_in(&d, &["train", "--resume", r, "--steps", "5", "--lr", "0.002", "--json"]);
+    let out = ok(&o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--lr 0.001 → 0.002"), "{stderr}");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(steps(&out), vec![3, 4, 5]);
+    assert_eq!(
+        (lines[0]["ranks"].as_u64(), lines[0]["tp"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        steps(&std::fs::read_to_string(run.join("metrics.jsonl")).unwrap()),
+        vec![1, 2, 3, 4, 5]
+    );
+    // the same command again is refused: the folder holds a run
+    let e = err(&run_in(&first, &base));
+    assert!(e.contains("holds a run") && e.contains("--overwrite"), "{e}");
+    assert!(run.join("ckpt-000005").is_dir());
+}
+
+#[test]
+fn keep_last_prunes_old_checkpoints_but_never_latest() {
+    let d = tmp("keep");
+    let m = tiny(&d);
+    ok(&run_in(
+        &d,
+        &[
+            "train",
+            "--model",
+            m.to_str().unwrap(),
+            "--steps",
+            "4",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "2",
+            "--ckpt-every",
+            "1",
+            "--keep-last",
+            "2",
+            "--out",
+            "run",
+            "--json",
+        ],
+    ));
+    let mut names: Vec<String> = std::fs::read_dir(d.join("run"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ckpt-000003", "ckpt-000004"]);
+    assert_eq!(std::fs::read_to_string(d.join("run/latest")).unwrap(), "ckpt-000004");
+}
+
+#[test]
+fn bad_values_are_named_with_what_is_allowed() {
+    let d = tmp("bad");
+    std::fs::write(
+        d.join("v100.toml"),
+        "name = \"v\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 100\npadded_vocab = 128\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("huge.toml"),
+        "layers = 4\nhidden = 4000000000\nheads = 2\nseq_len = 32\n",
+    )
+    .unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["train", "--lr", "-1"], "--lr -1: must be"),
+        (&["train", "--lr", "nan"], "--lr NaN"),
+        (&["train", "--min-lr", "-0.1"], "--min-lr -0.1"),
+        (&["train", "--weight-decay", "inf"], "--weight-decay inf"),
+        (&["train", "--grad-clip", "0"], "--grad-clip 0"),
+        (&["train", "--divergence-factor", "0.5"], "--divergence-factor 0.5"),
+        (&["train", "--dp", "0"], "--dp"),
+        (&["train", "--ranks", "100000"], "--ranks 100000"),
+        (&["train", "--comm-timeout", "-5"], "--comm-timeout -5"),
+        (&["train", "--steps", "-1"], "'--steps <STEPS>'"),
+        (
+            &["train", "--micro-batch", "2000000", "--global-batch", "2000000"],
+            "--micro-batch 2000000",
+        ),
+        (
+            &["train", "--micro-batch", "100000", "--global-batch", "100000"],
+            "memory: the run needs",
+        ),
+        (&["train", "--model", "v100.toml", "--steps", "1"], "model vocab 100"),
+        (&["plan", "--model", "huge.toml"], "`hidden` 4000000000 is too large"),
+        (&["plan", "--dtype", "fp16"], "allowed: bf16, fp32"),
+        (&["sample", "nowhere", "--tokens", "100000000"], "--tokens 100000000"),
+        (&["sample", "nowhere", "--temperature", "-1"], "--temperature -1"),
+        (
+            &["tune", "--model", "gpt-22b", "--global-batch", "64", "--max-tp", "0"],
+            "--max-tp 0",
+        ),
+        (
+            &[
+                "tune",
+                "--model",
+                "gpt-22b",
+                "--global-batch",
+                "64",
+                "--strategy",
+                "random",
+                "--budget",
+                "0",
+            ],
+            "--budget 0",
+        ),
+        (
+            &[
+                "tune",
+                "--model",
+                "gpt-22b",
+                "--gpus",
+                "1..100000000",
+                "--global-batch",
+                "64",
+            ],
+            "at most 1048576",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = run_in(&d, args);
+        let e = err(&o);
+        assert!(e.contains(want), "{args:?}: got {e}, want {want}");
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: one line, got {e}");
+    }
+    // nothing was made by the refused runs
+    assert!(!d.join("runs").exists());
+}
+
+#[test]
+fn the_tuner_checks_flags_before_making_its_store_and_fails_when_every_trial_fails() {
+    let d = tmp("tune");
+    let space = [
+        "tune",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--max-tp",
+        "1",
+        "--max-pp",
+        "1",
+        "--zero",
+        "0",
+        "--recompute",
+        "none",
+        "--no-flash",
+        "--default-order",
+        "--strategy",
+        "random",
+        "--budget",
+        "2",
+        "--evaluator",
+        "command",
+    ];
+    let with = |cmd: &str, out: &str| {
+        let mut v: Vec<&str> = space.to_vec();
+        v.extend(["--eval-cmd", cmd, "--out", out]);
+        v.iter().map(|s| s.to_string()).collect::<Vec<String>>()
+    };
+    let args = with("echo {bogus}", "s1");
+    let e = err(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(e.contains("unknown placeholder {bogus}"), "{e}");
+    assert!(!d.join("s1").exists(), "no store left behind by a typo");
+    // every trial fails: exit 2 with the first failure
+    let args = with("echo oops >&2; exit 3", "s2");
+    let e = err(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(e.contains("all 2 trials failed") && e.contains("oops"), "{e}");
+    // literal braces: the command prints a JSON object
+    let args = with("echo '{{\"tokens_per_s\": {micro_batch}00}}'", "s3");
+    let out = ok(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(out.contains("2 trials (0 failed"), "{out}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn killing_the_tuner_ends_its_running_trial() {
+    let d = tmp("kill");
+    let pidfile = d.join("trial.pid");
+    let cmd = format!("echo $$ > {}; exec sleep 60 # {{trial}}", pidfile.display());
+    let mut tuner = Command::new(exe())
+        .current_dir(&d)
+        .args([
+            "tune",
+            "--model",
+            "gpt-22b",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "--max-tp",
+            "1",
+            "--max-pp",
+            "1",
+            "--strategy",
+            "random",
+            "--budget",
+            "1",
+            "--evaluator",
+            "command",
+            "--timeout",
+            "120",
+            "--eval-cmd",
+            &cmd,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pid = None;
+    for _ in 0..200 {
+        if let Some(p) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            pid = Some(p);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = pid.expect("the trial started");
+    let alive = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+    };
+    assert!(alive(pid));
+    tuner.kill().unwrap(); // SIGKILL: no handler runs
+    tuner.wait().unwrap();
+    let mut gone = false;
+    for _ in 0..100 {
+        if !alive(pid) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(gone, "the trial {pid} outlived the tuner");
+}
