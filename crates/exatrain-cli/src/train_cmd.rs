@@ -305,13 +305,6 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
                 _ => a.out.join("data"),
             };
             let spec = load::model(&a.model)?;
-            let v = spec.vocab;
-            if !matches!(&a.data, Some(p) if p.is_dir()) && !(data::MIN_VOCAB..=65535).contains(&v) {
-                return Err(SpecError::new(format!(
-                    "model vocab {v}: the trainer's byte-level tokenizer needs {}..=65535 tokens (256 bytes + <|endoftext|>; u16 shards)",
-                    data::MIN_VOCAB
-                )));
-            }
             (spec, config(a), layout, data, a.out.clone(), None)
         }
         Some(r) => {
@@ -423,6 +416,14 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
     let pc = layout.config(&cfg)?;
     parallel::check(&spec, &cfg, &pc, layout.ranks)?;
     layout.schedule.parse::<Schedule>()?;
+    let v = spec.vocab;
+    let tokenizes = resumed.is_none() && !matches!(&a.data, Some(p) if p.is_dir());
+    if tokenizes && !(data::MIN_VOCAB..=65535).contains(&v) {
+        return Err(SpecError::new(format!(
+            "model vocab {v}: the trainer's byte-level tokenizer needs {}..=65535 tokens (256 bytes + <|endoftext|>; u16 shards)",
+            data::MIN_VOCAB
+        )));
+    }
     Ok(Run {
         spec,
         cfg,

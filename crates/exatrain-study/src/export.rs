@@ -122,14 +122,19 @@ fn megatron_lm(m: &ModelSpec, c: &ParallelConfig) -> Result<Vec<String>, SpecErr
             c.zero
         )));
     }
-    if c.order != RankOrder::default() {
+    // Megatron-LM's groups are tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping
+    let tp_pp_dp: RankOrder = "tp-pp-dp".parse()?;
+    if c.order != RankOrder::default() && c.order != tp_pp_dp {
         return Err(SpecError::new(format!(
-            "--format megatron-lm: Megatron-LM places ranks tp-dp-pp (TP fastest); rank order {} cannot be expressed",
+            "--format megatron-lm: Megatron-LM places ranks tp-dp-pp, or tp-pp-dp with --use-tp-pp-dp-mapping; rank order {} cannot be expressed",
             c.order
         )));
     }
     let mut f = model_flags(m);
     f.extend(layout_flags(m, c));
+    if c.order == tp_pp_dp {
+        f.push("--use-tp-pp-dp-mapping".into());
+    }
     if c.zero == 1 {
         f.push("--use-distributed-optimizer".into());
     }
