@@ -51,7 +51,10 @@ fn every_readme_example_runs_as_written() {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
     std::os::unix::fs::symlink(root.join("data").canonicalize().unwrap(), work.join("data")).unwrap();
-    let bin = Path::new(env!("CARGO_BIN_EXE_exatrain")).parent().unwrap().to_path_buf();
+    let bin = Path::new(env!("CARGO_BIN_EXE_exatrain"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
     for (i, (mode, body)) in blocks.iter().enumerate() {
         match mode {
@@ -74,9 +77,15 @@ fn every_readme_example_runs_as_written() {
         match mode {
             Mode::Flags => {
                 assert!(!o.status.success(), "block {i} cannot succeed here:\n{body}");
-                assert!(err.contains("trials failed"), "block {i} must run its trials:\n{body}\n{err}");
+                assert!(
+                    err.contains("trials failed"),
+                    "block {i} must run its trials:\n{body}\n{err}"
+                );
             }
-            _ => assert!(o.status.success(), "README block {i} failed:\n{body}\n--- stderr:\n{err}"),
+            _ => assert!(
+                o.status.success(),
+                "README block {i} failed:\n{body}\n--- stderr:\n{err}"
+            ),
         }
     }
     // what the examples promise they leave behind

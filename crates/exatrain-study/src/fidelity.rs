@@ -69,11 +69,46 @@ pub struct Summary {
     pub flagged: usize,
 }
 
+/// What one report ran: its model, cluster (of the prediction) and layout.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunInfo {
+    pub run: String,
+    pub model: String,
+    pub cluster: String,
+    pub layout: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fidelity {
     pub tolerance: f64,
+    pub runs: Vec<RunInfo>,
     pub rows: Vec<Row>,
     pub summary: Vec<Summary>,
+}
+
+/// A report's layout in one line: tp/pp/dp, micro-batch, ZeRO, recompute, SP, chunks.
+fn layout_line(rep: &Value) -> String {
+    let l = &rep["layout"];
+    let n = |k: &str| l[k].as_u64().map_or("?".into(), |x| x.to_string());
+    format!(
+        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · recompute {}{}{}",
+        n("tp"),
+        n("pp"),
+        n("dp"),
+        n("micro_batch"),
+        n("global_batch"),
+        n("zero"),
+        l["recompute"].as_str().unwrap_or("?"),
+        if l["sequence_parallel"].as_bool() == Some(true) {
+            " · sp"
+        } else {
+            ""
+        },
+        match l["virtual_stages"].as_u64() {
+            Some(v) if v > 1 => format!(" · v {v}"),
+            _ => String::new(),
+        }
+    )
 }
 
 /// Compare every (name, report) pair; a report missing a term is an error naming it.
@@ -128,15 +163,26 @@ pub fn compare(runs: &[(String, Value)], tolerance: f64) -> Result<Fidelity, Str
             })
         })
         .collect();
+    let runs = runs
+        .iter()
+        .map(|(name, rep)| RunInfo {
+            run: name.clone(),
+            model: rep["model"].as_str().unwrap_or("?").to_string(),
+            cluster: rep["cluster"].as_str().unwrap_or("?").to_string(),
+            layout: layout_line(rep),
+        })
+        .collect();
     Ok(Fidelity {
         tolerance,
+        runs,
         rows,
         summary,
     })
 }
 
-/// Predicted against measured on log-log axes, one colour per kind (memory, bytes, time).
-fn scatter(f: &Fidelity) -> String {
+/// Predicted against measured on log-log axes for the terms whose kind `keep` accepts, one
+/// colour per kind (0 memory, 1 bytes moved, 2 time).
+fn scatter(f: &Fidelity, title: &str, unit: &str, keep: &[usize]) -> String {
     let pts: Vec<(f64, f64, usize)> = f
         .rows
         .iter()
@@ -151,27 +197,39 @@ fn scatter(f: &Fidelity) -> String {
             };
             (r.measured, r.predicted, kind)
         })
+        .filter(|p| keep.contains(&p.2))
         .collect();
     if pts.is_empty() {
-        return "<p>nothing to plot</p>".into();
+        return format!("<p>{title}: nothing to plot</p>");
     }
     let lo = pts.iter().map(|p| p.0.min(p.1)).fold(f64::INFINITY, f64::min) * 0.5;
     let hi = pts.iter().map(|p| p.0.max(p.1)).fold(0.0, f64::max) * 2.0;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (640, 560)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (560, 500)).into_drawing_area();
         let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
             root.fill(&WHITE)?;
             let mut chart = ChartBuilder::on(&root)
-                .caption("predicted vs measured (bytes, seconds)", ("sans-serif", 18))
+                .caption(title, ("sans-serif", 18))
                 .margin(12)
                 .x_label_area_size(40)
                 .y_label_area_size(72)
                 .build_cartesian_2d((lo..hi).log_scale(), (lo..hi).log_scale())?;
-            chart.configure_mesh().x_desc("measured").y_desc("predicted").draw()?;
+            chart
+                .configure_mesh()
+                .x_desc(format!("measured ({unit})"))
+                .y_desc(format!("predicted ({unit})"))
+                .x_labels(6)
+                .y_labels(6)
+                .x_label_formatter(&|v| crate::report::si(*v))
+                .y_label_formatter(&|v| crate::report::si(*v))
+                .draw()?;
             chart.draw_series(LineSeries::new([(lo, lo), (hi, hi)], &BLACK.mix(0.4)))?;
             let colors = [RGBColor(31, 119, 180), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
-            for (k, name) in ["memory", "bytes moved", "time"].iter().enumerate() {
+            for (k, name) in ["memory held", "bytes moved", "time"].iter().enumerate() {
+                if !keep.contains(&k) {
+                    continue;
+                }
                 chart
                     .draw_series(
                         pts.iter()
@@ -203,8 +261,17 @@ pub fn html(f: &Fidelity) -> String {
          <style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}\
          .bad{background:#fdd}</style></head><body><h1>Planner fidelity</h1>",
     );
+    let uniq = |g: &dyn Fn(&RunInfo) -> &str| {
+        let mut v: Vec<&str> = f.runs.iter().map(g).collect();
+        v.sort();
+        v.dedup();
+        v.join(", ").replace('<', "&lt;")
+    };
     s += &format!(
-        "<p>{} terms over the runs; flagged: |error| &gt; {:.0} %.</p>",
+        "<p>model {}; predicted on cluster {}; {} runs, {} terms; flagged: |error| &gt; {:.0} %.</p>",
+        uniq(&|r| r.model.as_str()),
+        uniq(&|r| r.cluster.as_str()),
+        f.runs.len(),
         f.rows.len(),
         100.0 * f.tolerance
     );
@@ -219,8 +286,21 @@ pub fn html(f: &Fidelity) -> String {
             t.flagged
         );
     }
-    s += "</table>";
-    s += &scatter(f);
+    s += "</table><h2>Runs</h2><table><tr><th>run</th><th>model</th><th>predicted on</th><th>layout</th></tr>";
+    let esc = |x: &str| x.replace('&', "&amp;").replace('<', "&lt;");
+    for r in &f.runs {
+        s += &format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>",
+            esc(&r.run),
+            esc(&r.model),
+            esc(&r.cluster),
+            esc(&r.layout)
+        );
+    }
+    s += "</table><div style=\"display:flex;flex-wrap:wrap\">";
+    s += &scatter(f, "bytes: held and moved", "bytes", &[0, 1]);
+    s += &scatter(f, "seconds per step", "s", &[2]);
+    s += "</div>";
     s += "<table><tr><th>run</th><th>term</th><th>predicted</th><th>measured</th><th>error</th></tr>";
     for r in &f.rows {
         s += &format!(

@@ -19,6 +19,33 @@ const COLORS: [RGBColor; 6] = [
 /// pair shares a colour.
 type Series = (String, Vec<(f64, f64)>, bool);
 
+/// An axis number the way people read one: 1M, 250k, 3.5G, 0.38 (no "1000000.0").
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    let (x, unit) = match a {
+        a if a >= 1e15 => (v / 1e15, "P"),
+        a if a >= 1e12 => (v / 1e12, "T"),
+        a if a >= 1e9 => (v / 1e9, "G"),
+        a if a >= 1e6 => (v / 1e6, "M"),
+        a if a >= 1e3 => (v / 1e3, "k"),
+        _ => (v, ""),
+    };
+    let digits = if x.abs() >= 100.0 || x == x.round() {
+        0
+    } else if x.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let t = format!("{x:.digits$}");
+    let t = if t.contains('.') {
+        t.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        t
+    };
+    format!("{t}{unit}")
+}
+
 /// Lines over node counts; the x axis is categorical (one slot per count) so that counts like
 /// 16, 32, 128, 384 spread evenly and each gets its label.
 fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> String {
@@ -53,6 +80,8 @@ fn line_chart(title: &str, y_label: &str, series: &[Series], log_y: bool) -> Str
                         })
                         .x_desc("nodes")
                         .y_desc(y_label)
+                        .y_labels(6)
+                        .y_label_formatter(&|v| si(*v))
                         .draw()?;
                     for (i, (_, pts, dashed)) in series.iter().enumerate() {
                         let color = COLORS[(i / 2) % COLORS.len()];
@@ -135,6 +164,8 @@ fn stacked_bars(
                     _ => String::new(),
                 })
                 .y_desc(y_label)
+                .y_labels(6)
+                .y_label_formatter(&|v| si(*v))
                 .draw()?;
             for (c, _) in categories.iter().enumerate() {
                 let color = COLORS[c % COLORS.len()];
@@ -373,4 +404,23 @@ pub fn html(study: &Study, json: &str) -> String {
     h.push_str(&json.replace("</", "<\\/"));
     h.push_str("</script></body></html>\n");
     h
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn axis_numbers_read_with_si_suffixes() {
+        let cases = [
+            (1e6, "1M"),
+            (2.5e5, "250k"),
+            (1234.0, "1.23k"),
+            (0.38, "0.38"),
+            (3.0e9, "3G"),
+            (42.0, "42"),
+            (12.5e6, "12.5M"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(super::si(v), want, "{v}");
+        }
+    }
 }
