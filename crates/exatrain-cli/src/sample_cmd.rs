@@ -56,7 +56,7 @@ pub fn run_sample(a: SampleArgs) -> Result<(), SpecError> {
 pub struct ExportHfArgs {
     /// A checkpoint or a run folder.
     pub ckpt: PathBuf,
-    /// Output folder for config.json, model.safetensors and tokenizer.json.
+    /// Output folder for config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
     pub dir: PathBuf,
 }
 
@@ -66,8 +66,23 @@ pub fn run_export_hf(a: ExportHfArgs) -> Result<(), SpecError> {
     exatrain_train::hf::export(&m.shape, &m.params, tk.token_to_id("<|endoftext|>"), &a.dir)?;
     std::fs::copy(dir.join("tokenizer.json"), a.dir.join("tokenizer.json"))
         .map_err(|e| SpecError::new(format!("{}: {e}", a.dir.display())))?;
+    // AutoTokenizer loads tokenizer.json as it is (the trainer's byte-level BPE, its prefix
+    // space included) only as a PreTrainedTokenizerFast; as a "gpt2" model type it would rebuild
+    // GPT-2's own tokenizer from the vocabulary and split differently
+    let config = serde_json::json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "model_max_length": m.shape.max_seq,
+        "clean_up_tokenization_spaces": false,
+    });
+    exatrain_tune::store::write_atomic(
+        &a.dir.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&config).expect("json").as_bytes(),
+    )?;
     println!(
-        "wrote {}/config.json, model.safetensors, tokenizer.json",
+        "wrote {}/config.json, model.safetensors, tokenizer.json, tokenizer_config.json",
         a.dir.display()
     );
     Ok(())

@@ -477,7 +477,10 @@ fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() 
     // bytes and seconds in separate panels; the page names its model, cluster and layouts
     assert_eq!(html.matches("<svg").count(), 2, "two panels");
     assert!(html.contains("bytes: held and moved") && html.contains("seconds per step"));
-    assert!(html.contains("model tiny") && html.contains("tp 2 · pp 1"), "names model and layouts");
+    assert!(
+        html.contains("model tiny") && html.contains("tp 2 · pp 1"),
+        "names model and layouts"
+    );
     // not a report: a clear error naming the file and the missing field
     std::fs::write(reports.join("d.json"), "{\"measured\": {}}").unwrap();
     let o = exatrain(&["fidelity", "--runs", reports.to_str().unwrap()]);

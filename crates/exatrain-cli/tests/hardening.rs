@@ -378,3 +378,56 @@ fn killing_the_tuner_ends_its_running_trial() {
     }
     assert!(gone, "the trial {pid} outlived the tuner");
 }
+
+/// The exported tokenizer loads through `transformers.AutoTokenizer` and gives the ids the
+/// trainer's tokenizer gives. Needs python3 with `transformers` (`.ci/run` installs it and sets
+/// EXATRAIN_REQUIRE_PYTHON=1, which makes its absence a failure instead of a printed skip).
+#[test]
+fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
+    let has = Command::new("python3")
+        .args(["-c", "import transformers"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        assert!(
+            std::env::var("EXATRAIN_REQUIRE_PYTHON").is_err(),
+            "EXATRAIN_REQUIRE_PYTHON is set but python3 cannot import transformers"
+        );
+        eprintln!("SKIPPED: python3 with transformers is not installed (pip install transformers)");
+        return;
+    }
+    let d = tmp("hf");
+    let m = tiny(&d);
+    ok(&run_in(
+        &d,
+        &[
+            "train",
+            "--model",
+            m.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--micro-batch",
+            "2",
+            "--global-batch",
+            "2",
+            "--out",
+            "run",
+            "--json",
+        ],
+    ));
+    ok(&run_in(&d, &["export-hf", "run", "hf"]));
+    let prompt = "LOVE, n. A temporary insanity curable by marriage";
+    let tk = exatrain_train::data::load_tokenizer(&d.join("run/data")).unwrap();
+    let want: Vec<u32> = tk.encode(prompt, false).unwrap().get_ids().to_vec();
+    let py = format!(
+        "from transformers import AutoTokenizer\nt = AutoTokenizer.from_pretrained('hf')\nprint(t({prompt:?}, add_special_tokens=False)['input_ids'])"
+    );
+    let o = Command::new("python3")
+        .current_dir(&d)
+        .args(["-c", &py])
+        .output()
+        .unwrap();
+    let got = ok(&o);
+    let got: Vec<u32> = serde_json::from_str(got.trim().lines().last().unwrap()).unwrap();
+    assert_eq!(got, want);
+}
