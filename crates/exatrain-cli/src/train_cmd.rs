@@ -536,10 +536,12 @@ fn run_rank(
     progress: Option<&Progress>,
     world: &dyn Communicator,
 ) -> Result<RankResult, SpecError> {
+    let flops = exatrain_cost::flops::model_step(&run.spec, run.cfg.global_batch as u32);
     let print = |l: &parallel::StepLine| {
         let line = serde_json::json!({
             "step": l.step, "loss": l.loss, "grad_norm": l.grad_norm, "lr": l.lr, "seconds": l.seconds,
-            "tokens_per_s": l.tokens_per_s, "ranks": run.pc.gpus(), "tp": run.pc.tp, "pp": run.pc.pp, "dp": run.pc.dp, "zero": run.pc.zero,
+            "tokens_per_s": l.tokens_per_s, "model_tflops": flops / l.seconds / 1e12,
+            "ranks": run.pc.gpus(), "tp": run.pc.tp, "pp": run.pc.pp, "dp": run.pc.dp, "zero": run.pc.zero,
         });
         if let Some(p) = progress {
             if let Err(e) = p.step(l.step, &line, summary_line(l.loss, l.lr, l.tokens_per_s)) {
