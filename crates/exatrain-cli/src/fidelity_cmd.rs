@@ -29,6 +29,13 @@ pub struct FidelityArgs {
 }
 
 pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
+    exatrain_train::train::check_range(
+        "--tolerance",
+        a.tolerance,
+        0.0,
+        1e6,
+        "a relative error ≥ 0 (0.1 = 10 %)",
+    )?;
     let files = reports::files(&a.runs, "--runs")?;
     let mut runs = reports::read(&files)?;
     if let Some(c) = &a.cluster {

@@ -224,6 +224,8 @@ fn bad_values_are_named_with_what_is_allowed() {
         (&["train", "--model", "v100.toml", "--steps", "1"], "model vocab 100"),
         (&["plan", "--model", "huge.toml"], "`hidden` 4000000000 is too large"),
         (&["plan", "--dtype", "fp16"], "allowed: bf16, fp32"),
+        (&["fidelity", "--runs", ".", "--tolerance", "nan"], "--tolerance NaN"),
+        (&["study", "--node-mtbf-hours", "-1"], "--node-mtbf-hours -1"),
         (&["sample", "nowhere", "--tokens", "100000000"], "--tokens 100000000"),
         (&["sample", "nowhere", "--temperature", "-1"], "--temperature -1"),
         (

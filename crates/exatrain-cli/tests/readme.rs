@@ -103,4 +103,8 @@ fn every_readme_example_runs_as_written() {
     }
     let latest = std::fs::read_to_string(work.join("runs/train/latest")).unwrap();
     assert_eq!(latest.trim(), "ckpt-000250", "the resumed run reached its --steps");
+    if cfg!(feature = "mpi") {
+        let latest = std::fs::read_to_string(work.join("runs/mpi/latest")).unwrap();
+        assert_eq!(latest.trim(), "ckpt-000030", "the resumed MPI job reached its --steps");
+    }
 }
