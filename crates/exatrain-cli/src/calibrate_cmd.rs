@@ -133,6 +133,9 @@ fn comm_sizes(quick: bool) -> (Vec<usize>, usize) {
     }
 }
 
+/// The most in-process ranks `calibrate` times (each is a thread with its own buffers).
+const MAX_RANKS: usize = 256;
+
 /// The collectives over `ranks` in-process ranks (rank 0's points).
 fn collectives_in_process(ranks: usize, quick: bool) -> Result<Vec<CommPoint>, SpecError> {
     let (sizes, reps) = comm_sizes(quick);
@@ -197,8 +200,11 @@ pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
     if a.cluster.is_some() || a.model.is_some() {
         return Err(SpecError::new("--cluster and --model go with --fit REPORTS"));
     }
-    if a.ranks == 0 {
-        return Err(SpecError::new("--ranks 0: give at least 1 (1 skips the collectives)"));
+    if a.ranks == 0 || a.ranks > MAX_RANKS {
+        return Err(SpecError::new(format!(
+            "--ranks {}: must be in 1..={MAX_RANKS} (1 skips the collectives)",
+            a.ranks
+        )));
     }
     let (mut c, points, ranks, _universe) = if a.mpi {
         let (c, points, root, universe) = calibrate_mpi(a.quick)?;

@@ -211,6 +211,7 @@ fn bad_values_are_named_with_what_is_allowed() {
         (&["train", "--divergence-factor", "0.5"], "--divergence-factor 0.5"),
         (&["train", "--dp", "0"], "--dp"),
         (&["train", "--ranks", "100000"], "--ranks 100000"),
+        (&["calibrate", "--ranks", "100000"], "--ranks 100000: must be in 1..=256"),
         (&["train", "--comm-timeout", "-5"], "--comm-timeout -5"),
         (&["train", "--steps", "-1"], "'--steps <STEPS>'"),
         (
