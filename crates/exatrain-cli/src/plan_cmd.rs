@@ -16,11 +16,37 @@ pub struct PlanArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Plan the model, cluster and layout of a run file (`exatrain export --format exatrain`)
+    /// instead of the flags.
+    #[arg(long, conflicts_with_all = ["model", "cluster"])]
+    pub run: Option<std::path::PathBuf>,
+}
+
+/// A run file: what `export --format exatrain` writes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunFile {
+    model: ModelSpec,
+    cluster: String,
+    parallel: ParallelConfig,
 }
 
 pub fn run(a: PlanArgs) -> Result<(), SpecError> {
-    let (model, cluster) = a.spec.load()?;
-    let cfg = a.layout.config(&model)?;
+    let (model, cluster, cfg) = match &a.run {
+        Some(path) => {
+            let at = path.display();
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| SpecError::new(format!("--run {at}: cannot read: {e}")))?;
+            let r: RunFile = toml::from_str(&text).map_err(|e| SpecError::new(format!("--run {at}: {e}")))?;
+            let cluster = exatrain_spec::load::cluster(&r.cluster)?;
+            (r.model, cluster, r.parallel)
+        }
+        None => {
+            let (model, cluster) = a.spec.load()?;
+            let cfg = a.layout.config(&model)?;
+            (model, cluster, cfg)
+        }
+    };
     let p = plan(&model, &cluster, &cfg)?;
     if a.json {
         println!("{}", to_json(&model, &cluster, &cfg, &p));

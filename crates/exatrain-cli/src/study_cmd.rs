@@ -189,9 +189,14 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// megatron-lm, megatron-deepspeed, slurm or exatrain.
+    /// megatron-lm, megatron-deepspeed, torchtitan (a complete job for that framework), slurm
+    /// (megatron-lm with --launcher slurm) or exatrain (a run file `plan --run` reads).
     #[arg(long, default_value = "megatron-lm")]
     pub format: String,
+    /// How the job starts: torchrun (launch.sh, once per node) or slurm (job.sbatch + rank.sh,
+    /// one task per GPU, with the cluster's [launch] settings).
+    #[arg(long, default_value = "torchrun")]
+    pub launcher: String,
     /// Model preset or file (ignored with --from, which names its model).
     #[arg(long, default_value = "gpt-175b")]
     pub model: String,
@@ -229,6 +234,7 @@ fn config_of(v: &serde_json::Value, origin: &str) -> Result<ParallelConfig, Spec
 
 pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
     let format: Format = a.format.parse()?;
+    let launcher: export::Launcher = a.launcher.parse()?;
     let (model, cluster, cfg) = match &a.from {
         None => {
             let model = load::model(&a.model)?;
@@ -278,7 +284,7 @@ pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
             }
         }
     };
-    let files = export::export(&model, &cluster, &cfg, format)?;
+    let files = export::export(&model, &cluster, &cfg, format, launcher)?;
     match &a.out {
         Some(dir) => {
             std::fs::create_dir_all(dir)

@@ -128,10 +128,21 @@ fn study_and_export_bad_input() {
             "--out /proc/exatrain/report: cannot create",
         ),
         (
-            &["export", "--format", "torchtitan"],
-            "allowed: megatron-lm, megatron-deepspeed, slurm, exatrain",
+            &["export", "--format", "nemo"],
+            "allowed: megatron-lm, megatron-deepspeed, torchtitan, slurm, exatrain",
         ),
-        (&["export", "--zero", "3"], "needs --format megatron-deepspeed"),
+        (&["export", "--zero", "3"], "through Megatron-FSDP, which exatrain exports only without pipeline parallelism"),
+        (&["export", "--launcher", "mpirun"], "--launcher mpirun is not known (allowed: torchrun, slurm)"),
+        (
+            &["export", "--format", "torchtitan"],
+            "--format torchtitan: torchtitan builds Llama-family models",
+        ),
+        (
+            &["export", "--format", "megatron-deepspeed", "--virtual-stages", "2"],
+            "no interleaved schedule",
+        ),
+        (&["export", "--order", "pp-dp-tp"], "rank order pp-dp-tp cannot be expressed"),
+        (&["plan", "--run", "/nonexistent.toml"], "--run /nonexistent.toml: cannot read"),
         (&["export", "--from", "/nonexistent.json"], "cannot read"),
     ];
     for (args, want) in cases {

@@ -94,6 +94,33 @@ pub struct SystemSpec {
     pub node_power_kw: Option<f64>,
 }
 
+/// How jobs are launched on this machine: what `exatrain export --launcher slurm` writes around
+/// the framework's command. Every field is a site fact; `sources` says where each comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    /// `#SBATCH` options besides nodes, tasks and time (`ACCOUNT` is the placeholder the user
+    /// replaces), e.g. `["--account=ACCOUNT", "--partition=batch"]`.
+    #[serde(default)]
+    pub sbatch: Vec<String>,
+    /// `srun` options that bind one task to each GPU, e.g. `-c7 --gpus-per-task=1 --gpu-bind=closest`.
+    #[serde(default)]
+    pub srun: String,
+    /// Each task sees only its own GPU (as device 0), so `LOCAL_RANK` is 0 in every task;
+    /// otherwise every task sees the node's GPUs and `LOCAL_RANK` is the task's index on its node.
+    #[serde(default)]
+    pub one_gpu_per_task: bool,
+    /// `module load` lines, in order.
+    #[serde(default)]
+    pub modules: Vec<String>,
+    /// Environment for every task (values may use shell variables such as `$USER`).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Where the facts above come from.
+    #[serde(default)]
+    pub sources: Vec<String>,
+}
+
 /// A machine: devices, nodes, network.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,6 +138,8 @@ pub struct ClusterSpec {
     pub fragmentation: f64,
     #[serde(default)]
     pub system: SystemSpec,
+    #[serde(default)]
+    pub launch: LaunchSpec,
 }
 
 fn default_reserved() -> f64 {

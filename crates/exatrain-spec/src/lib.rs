@@ -10,12 +10,14 @@
 
 mod cluster;
 mod error;
+pub mod framework;
 pub mod load;
 mod model;
 mod parallel;
 pub mod presets;
 
-pub use cluster::{ClusterSpec, DeviceSpec, GemmEfficiency, LinkClass, NetworkSpec, NodeSpec, SystemSpec};
+pub use cluster::{ClusterSpec, DeviceSpec, GemmEfficiency, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, SystemSpec};
 pub use error::{Invalid, SpecError};
+pub use framework::Framework;
 pub use model::{Mlp, ModelFile, ModelSpec, Norm, Position};
 pub use parallel::{Dim, Dtype, ParallelConfig, RankOrder, Recompute};

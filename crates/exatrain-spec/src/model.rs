@@ -67,6 +67,19 @@ pub struct ModelSpec {
     pub bias: bool,
     /// Dropout after attention probabilities and after each block (stores 1-byte masks).
     pub dropout: bool,
+    /// Rotary base θ (used with `position = "rope"`; 10000 for LLaMA 2, 500000 for LLaMA 3).
+    #[serde(default = "default_rope_base")]
+    pub rope_base: f64,
+    /// Normalization epsilon.
+    #[serde(default = "default_norm_eps")]
+    pub norm_eps: f64,
+}
+
+fn default_rope_base() -> f64 {
+    10000.0
+}
+fn default_norm_eps() -> f64 {
+    1e-5
 }
 
 /// A model as written in a TOML/JSON file: optional fields take the documented defaults.
@@ -104,6 +117,10 @@ pub struct ModelFile {
     pub bias: Option<bool>,
     /// default: true
     pub dropout: Option<bool>,
+    /// default: 10000
+    pub rope_base: Option<f64>,
+    /// default: 1e-5
+    pub norm_eps: Option<f64>,
 }
 
 fn required(v: Option<u32>, field: &str) -> Result<u32, SpecError> {
@@ -177,8 +194,22 @@ impl ModelFile {
                 "model: `padded_vocab` {padded_vocab} is smaller than `vocab` {vocab}"
             )));
         }
+        let rope_base = self.rope_base.unwrap_or_else(default_rope_base);
+        if !(rope_base.is_finite() && rope_base > 1.0) {
+            return Err(SpecError::new(format!(
+                "model: `rope_base` must be a finite number above 1, got {rope_base}"
+            )));
+        }
+        let norm_eps = self.norm_eps.unwrap_or_else(default_norm_eps);
+        if !(norm_eps.is_finite() && norm_eps > 0.0 && norm_eps < 1.0) {
+            return Err(SpecError::new(format!(
+                "model: `norm_eps` must be in (0, 1), got {norm_eps}"
+            )));
+        }
         Ok(ModelSpec {
             name: self.name.unwrap_or_else(|| fallback_name.to_string()),
+            rope_base,
+            norm_eps,
             layers,
             hidden,
             heads,

@@ -1,5 +1,4 @@
-use exatrain_spec::{presets, ParallelConfig, Recompute};
-use exatrain_study::export::{export, Format};
+use exatrain_spec::presets;
 use exatrain_study::ttt::{daly_interval, expected_wall_time, time_to_train, young_interval};
 use exatrain_study::{report, scaling_efficiency, study, StudySpec};
 
@@ -103,59 +102,3 @@ fn study_rows_report_and_json_agree() {
     );
 }
 
-fn flag(cmd: &str, name: &str) -> Option<String> {
-    let toks: Vec<&str> = cmd.split_whitespace().collect();
-    toks.iter().position(|t| *t == name).map(|i| toks[i + 1].to_string())
-}
-
-#[test]
-fn megatron_exports_carry_exactly_the_layout() {
-    let m = presets::model("gpt-175b").unwrap();
-    let c = presets::cluster("frontier").unwrap();
-    let cfg = ParallelConfig {
-        zero: 1,
-        recompute: Recompute::Selective,
-        sequence_parallel: true,
-        virtual_stages: 3,
-        ..ParallelConfig::new(4, 8, 32, 2, 2048)
-    };
-    let f = export(&m, &c, &cfg, Format::MegatronLm).unwrap();
-    let cmd = &f[0].contents;
-    for (k, v) in [
-        ("--tensor-model-parallel-size", "4"),
-        ("--pipeline-model-parallel-size", "8"),
-        ("--num-layers-per-virtual-pipeline-stage", "4"),
-        ("--micro-batch-size", "2"),
-        ("--global-batch-size", "2048"),
-        ("--num-layers", "96"),
-        ("--hidden-size", "12288"),
-        ("--num-attention-heads", "96"),
-        ("--recompute-granularity", "selective"),
-        ("--nnodes", "128"),
-        ("--nproc-per-node", "8"),
-    ] {
-        assert_eq!(flag(cmd, k).as_deref(), Some(v), "{k} in {cmd}");
-    }
-    assert!(cmd.contains("--sequence-parallel") && cmd.contains("--use-distributed-optimizer"));
-    let ds = export(&m, &c, &ParallelConfig { zero: 1, ..cfg }, Format::MegatronDeepspeed).unwrap();
-    let conf: serde_json::Value = serde_json::from_str(&ds[1].contents).unwrap();
-    assert_eq!(conf["train_batch_size"], 2048);
-    assert_eq!(conf["train_micro_batch_size_per_gpu"], 2);
-    assert_eq!(conf["gradient_accumulation_steps"], 2048 / (2 * 32));
-    assert_eq!(conf["zero_optimization"]["stage"], 1);
-    let sb = &export(&m, &c, &cfg, Format::Slurm).unwrap()[0].contents;
-    assert!(
-        sb.contains("#SBATCH --nodes=128") && sb.contains("--ntasks-per-node=8") && sb.contains("--gpu-bind=closest")
-    );
-    let toml_text = &export(&m, &c, &cfg, Format::Exatrain).unwrap()[0].contents;
-    let back: toml::Value = toml::from_str(toml_text).unwrap();
-    let p: ParallelConfig = back["parallel"].clone().try_into().unwrap();
-    assert_eq!(p, cfg, "the exatrain run file round-trips the layout");
-    let e = export(&m, &c, &ParallelConfig { zero: 2, ..cfg }, Format::MegatronLm).unwrap_err();
-    assert!(e.0.contains("megatron-deepspeed"), "{e}");
-    assert!("torchtitan"
-        .parse::<Format>()
-        .unwrap_err()
-        .0
-        .contains("allowed: megatron-lm"));
-}

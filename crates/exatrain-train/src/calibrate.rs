@@ -179,6 +179,7 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
         reserved_gib: 0.0,
         fragmentation: 0.0,
         system: SystemSpec::default(),
+        launch: Default::default(),
     };
     Calibration {
         threads,

@@ -1,0 +1,134 @@
+//! The training frameworks a plan is exported to, the versions exatrain targets, and which layouts
+//! each can express. `study`/`tune --framework` search only what [`Framework::can_run`] accepts,
+//! so the recommended layout can always be exported; `export` refuses the rest with the reason.
+
+use std::fmt;
+
+use crate::{Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, SpecError};
+
+/// A framework users launch a plan with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Framework {
+    MegatronLm,
+    MegatronDeepspeed,
+    Torchtitan,
+}
+
+impl Framework {
+    pub const ALL: [Framework; 3] = [Framework::MegatronLm, Framework::MegatronDeepspeed, Framework::Torchtitan];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Framework::MegatronLm => "megatron-lm",
+            Framework::MegatronDeepspeed => "megatron-deepspeed",
+            Framework::Torchtitan => "torchtitan",
+        }
+    }
+
+    /// The version whose argument parser and validation the exports are written (and checked) for.
+    pub fn version(self) -> &'static str {
+        match self {
+            Framework::MegatronLm => "Megatron-LM main of 2026-08-22 (megatron-core 0.20.0, commit d98e8a6)",
+            Framework::MegatronDeepspeed => {
+                "Megatron-DeepSpeed main of 2025-07-16 (commit 4efb479) with DeepSpeed 0.18"
+            }
+            Framework::Torchtitan => "torchtitan main of 2026-08-21 (0.2.2, commit b5bcd76)",
+        }
+    }
+
+    /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
+    pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
+        let default_order = RankOrder::default();
+        match self {
+            Framework::MegatronLm => {
+                // groups tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping
+                let tp_pp_dp: RankOrder = "tp-pp-dp".parse().expect("order");
+                if c.order != default_order && c.order != tp_pp_dp {
+                    return Err(format!(
+                        "Megatron-LM places ranks tp-dp-pp, or tp-pp-dp with --use-tp-pp-dp-mapping; rank order {} cannot be expressed",
+                        c.order
+                    ));
+                }
+                if c.zero >= 2 && c.pp > 1 {
+                    return Err(format!(
+                        "Megatron-LM shards gradients and weights (ZeRO-{}) through Megatron-FSDP, which exatrain exports only without pipeline parallelism (--pp {}; Megatron-FSDP's documented layouts have none)",
+                        c.zero, c.pp
+                    ));
+                }
+                Ok(())
+            }
+            Framework::MegatronDeepspeed => {
+                if c.order != default_order {
+                    return Err(format!(
+                        "DeepSpeed's topology is fixed (tp fastest, then dp, then pp); rank order {} cannot be expressed",
+                        c.order
+                    ));
+                }
+                if c.virtual_stages > 1 {
+                    return Err(
+                        "DeepSpeed's pipeline engine has no interleaved schedule (--virtual-stages must be 1)".into()
+                    );
+                }
+                if c.zero >= 2 && c.pp > 1 {
+                    return Err(format!(
+                        "DeepSpeed's pipeline engine supports ZeRO-1 only; --zero {} needs --pp 1",
+                        c.zero
+                    ));
+                }
+                Ok(())
+            }
+            Framework::Torchtitan => {
+                if !(m.mlp == Mlp::Swiglu
+                    && m.norm == Norm::Rmsnorm
+                    && m.position == Position::Rope
+                    && !m.bias
+                    && !m.tied_embeddings)
+                {
+                    return Err(format!(
+                        "torchtitan builds Llama-family models (SwiGLU, RMSNorm, RoPE, no biases, untied head); {} is not one",
+                        m.name
+                    ));
+                }
+                if c.order != default_order {
+                    return Err(format!(
+                        "torchtitan's device mesh is pp, dp, tp (tp fastest); rank order {} cannot be expressed",
+                        c.order
+                    ));
+                }
+                if c.zero == 1 {
+                    return Err(
+                        "torchtitan replicates (DDP, ZeRO-0) or shards with FSDP2 (ZeRO-2 without resharding after forward, ZeRO-3 with it); it has no ZeRO-1"
+                            .into(),
+                    );
+                }
+                if c.tp > 1 && !c.sequence_parallel {
+                    return Err("torchtitan's tensor parallelism always shards the norms along the sequence (--sp)".into());
+                }
+                if c.dtype == Dtype::Fp32 {
+                    return Err("torchtitan trains with FSDP2 mixed precision (bf16 parameters); use --dtype bf16".into());
+                }
+                if !c.flash_attention {
+                    return Err("torchtitan's attention is SDPA/flex (flash-style); use --flash".into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Framework {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Framework {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        Framework::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| {
+            SpecError::new(format!(
+                "--framework {s} is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)"
+            ))
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! Megatron-DeepSpeed's `pretrain_gpt.py` and its DeepSpeed config: the stack the Frontier study
+//! ran. Its flag names are Megatron-LM's of 2023 (`--num-key-value-heads`,
+//! `--use-rotary-position-embeddings`, `--normalization rmsnorm`), not today's.
+
+use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, Recompute};
+
+use super::megatron_lm::rope_base;
+use super::{vocab_divisor, File, Job};
+
+fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
+    let mut f = vec![
+        format!("--num-layers {}", m.layers),
+        format!("--hidden-size {}", m.hidden),
+        format!("--num-attention-heads {}", m.heads),
+        format!("--ffn-hidden-size {}", m.ffn_hidden),
+        format!("--seq-length {}", m.seq_len),
+        format!("--max-position-embeddings {}", m.seq_len),
+    ];
+    if m.head_dim * m.heads != m.hidden {
+        f.push(format!("--kv-channels {}", m.head_dim));
+    }
+    if m.kv_heads != m.heads {
+        f.push(format!("--num-key-value-heads {}", m.kv_heads));
+    }
+    if m.mlp == Mlp::Swiglu {
+        f.push("--swiglu".into());
+    }
+    f.push(format!(
+        "--normalization {}",
+        if m.norm == Norm::Rmsnorm { "rmsnorm" } else { "layernorm" }
+    ));
+    f.push(format!("--layernorm-epsilon {}", m.norm_eps));
+    if m.position == Position::Rope {
+        f.push("--use-rotary-position-embeddings".into());
+        f.push(format!("--rotary-position-embeddings-theta {}", rope_base(m)?));
+        f.push("--no-position-embedding".into());
+    }
+    if !m.tied_embeddings {
+        f.push("--untie-embeddings-and-output-weights".into());
+    }
+    if !m.bias {
+        f.push("--disable-bias-linear".into());
+    }
+    if !m.dropout {
+        f.push("--attention-dropout 0".into());
+        f.push("--hidden-dropout 0".into());
+    }
+    f.push(format!(
+        "--make-vocab-size-divisible-by {}",
+        vocab_divisor(m.vocab, m.padded_vocab, tp)?
+    ));
+    Ok(f)
+}
+
+fn layout_flags(c: &ParallelConfig) -> Vec<String> {
+    let mut f = vec![
+        format!("--tensor-model-parallel-size {}", c.tp),
+        format!("--pipeline-model-parallel-size {}", c.pp),
+        format!("--micro-batch-size {}", c.micro_batch),
+        format!("--global-batch-size {}", c.global_batch),
+    ];
+    if c.sequence_parallel && c.tp > 1 {
+        f.push("--sequence-parallel".into());
+    }
+    match c.recompute {
+        Recompute::None => {}
+        Recompute::Selective => f.push("--recompute-granularity selective".into()),
+        Recompute::Full => {
+            f.push("--checkpoint-activations".into());
+            f.push("--deepspeed-activation-checkpointing".into());
+        }
+    }
+    if c.flash_attention {
+        f.push("--use-flash-attn-v2".into());
+    }
+    if c.dtype == Dtype::Bf16 {
+        f.push("--bf16".into());
+    }
+    f.push("--deepspeed".into());
+    f.push("--deepspeed_config ds_config.json".into());
+    f.push(format!("--zero-stage {}", c.zero));
+    if c.pp == 1 {
+        f.push("--no-pipeline-parallel".into());
+    }
+    f
+}
+
+pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
+    let mut flags = model_flags(m, c.tp)?;
+    flags.extend(layout_flags(c));
+    flags.extend(
+        [
+            "--train-iters $TRAIN_ITERS",
+            "--lr $LR",
+            "--min-lr $MIN_LR",
+            "--lr-decay-style cosine",
+            "--lr-warmup-fraction 0.01",
+            "--weight-decay 0.1",
+            "--clip-grad 1.0",
+            "--adam-beta1 0.9",
+            "--adam-beta2 0.95",
+            "--init-method-std 0.02",
+            "--save $CKPT_DIR",
+            "--load $CKPT_DIR",
+            "--save-interval $SAVE_INTERVAL",
+            "--log-interval 1",
+            "--eval-interval $TRAIN_ITERS",
+            "--eval-iters 1",
+            "$DATA_ARGS",
+        ]
+        .map(String::from),
+    );
+    let ds = serde_json::json!({
+        "train_batch_size": c.global_batch,
+        "train_micro_batch_size_per_gpu": c.micro_batch,
+        "gradient_accumulation_steps": c.microbatches(),
+        "zero_optimization": {
+            "stage": c.zero,
+            "overlap_comm": c.overlap_dp,
+            "contiguous_gradients": true,
+        },
+        "bf16": { "enabled": c.dtype == Dtype::Bf16 },
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1,
+        "wall_clock_breakdown": false,
+    });
+    let mut env = Vec::new();
+    if c.tp > 1 {
+        env.push((
+            "CUDA_DEVICE_MAX_CONNECTIONS".into(),
+            "1".into(),
+            "Megatron's sequence-parallel and TP overlap assume one hardware queue".into(),
+        ));
+    }
+    let placeholders = format!(
+        "TRAIN_ITERS=${{TRAIN_ITERS:-100}}        # PLACEHOLDER: iterations of this run\n\
+         LR=${{LR:-3e-4}}                        # PLACEHOLDER: peak learning rate\n\
+         MIN_LR=${{MIN_LR:-3e-5}}                # PLACEHOLDER: final learning rate (cosine decay)\n\
+         CKPT_DIR=${{CKPT_DIR:-checkpoints/{name}}}  # PLACEHOLDER: checkpoints (saved and resumed)\n\
+         SAVE_INTERVAL=${{SAVE_INTERVAL:-1000}}  # PLACEHOLDER: iterations between checkpoints\n\
+         # PLACEHOLDER: data (Megatron-DeepSpeed has no mock data). The null tokenizer builds the\n\
+         # planned vocabulary ({vocab} = --vocab-size + 1 end-of-document id) over pre-tokenized\n\
+         # data; with a real tokenizer, e.g. --tokenizer-type GPT2BPETokenizer --vocab-file ... --merge-file ...\n\
+         DATA_PATH=${{DATA_PATH:-/path/to/prefix_text_document}}\n\
+         DATA_ARGS=${{DATA_ARGS:---data-path $DATA_PATH --split 949,50,1 --tokenizer-type NullTokenizer --vocab-size {v1}}}\n",
+        name = m.name,
+        vocab = m.vocab,
+        v1 = m.vocab - 1,
+    );
+    Ok(Job {
+        framework: Framework::MegatronDeepspeed,
+        env,
+        program: "pretrain_gpt.py".into(),
+        flags,
+        placeholders,
+        run_from: "the root of a Megatron-DeepSpeed checkout (pretrain_gpt.py), next to ds_config.json".into(),
+        files: vec![File {
+            name: "ds_config.json".into(),
+            contents: serde_json::to_string_pretty(&ds).expect("json") + "\n",
+        }],
+    })
+}

@@ -1,0 +1,187 @@
+//! Megatron-LM's `pretrain_gpt.py` (flags of `megatron/training/arguments.py`, checked by its
+//! `parse_args` + `validate_args` with `scripts/check-exports.py`).
+
+use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, Recompute};
+
+use super::{vocab_divisor, Job};
+
+/// The model flags: everything Megatron needs to build exactly the planned model.
+fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
+    let mut f = vec![
+        format!("--num-layers {}", m.layers),
+        format!("--hidden-size {}", m.hidden),
+        format!("--num-attention-heads {}", m.heads),
+        format!("--ffn-hidden-size {}", m.ffn_hidden),
+        format!("--seq-length {}", m.seq_len),
+        format!("--max-position-embeddings {}", m.seq_len),
+    ];
+    if m.head_dim * m.heads != m.hidden {
+        f.push(format!("--kv-channels {}", m.head_dim));
+    }
+    if m.kv_heads != m.heads {
+        f.push("--group-query-attention".into());
+        f.push(format!("--num-query-groups {}", m.kv_heads));
+    }
+    if m.mlp == Mlp::Swiglu {
+        f.push("--swiglu".into());
+    }
+    f.push(format!(
+        "--normalization {}",
+        if m.norm == Norm::Rmsnorm { "RMSNorm" } else { "LayerNorm" }
+    ));
+    f.push(format!("--norm-epsilon {}", m.norm_eps));
+    match m.position {
+        Position::Rope => {
+            f.push("--position-embedding-type rope".into());
+            f.push(format!("--rotary-base {}", rope_base(m)?));
+        }
+        Position::Learned => f.push("--position-embedding-type learned_absolute".into()),
+    }
+    if !m.tied_embeddings {
+        f.push("--untie-embeddings-and-output-weights".into());
+    }
+    if !m.bias {
+        f.push("--disable-bias-linear".into());
+    }
+    if !m.dropout {
+        f.push("--attention-dropout 0".into());
+        f.push("--hidden-dropout 0".into());
+    }
+    // Megatron pads the tokenizer's vocabulary to a multiple of this × tp: pick the multiple that
+    // gives the planned rows
+    f.push(format!(
+        "--make-vocab-size-divisible-by {}",
+        vocab_divisor(m.vocab, m.padded_vocab, tp)?
+    ));
+    Ok(f)
+}
+
+/// The rotary base as the integer Megatron's `--rotary-base` takes.
+pub(super) fn rope_base(m: &ModelSpec) -> Result<u64, String> {
+    if m.rope_base.fract() != 0.0 || m.rope_base > 1e15 {
+        return Err(format!("rope_base {} is not an integer, which --rotary-base needs", m.rope_base));
+    }
+    Ok(m.rope_base as u64)
+}
+
+fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
+    let mut f = vec![
+        format!("--tensor-model-parallel-size {}", c.tp),
+        format!("--pipeline-model-parallel-size {}", c.pp),
+    ];
+    if c.virtual_stages > 1 {
+        f.push(format!(
+            "--num-layers-per-virtual-pipeline-stage {}",
+            m.layers / (c.pp * c.virtual_stages)
+        ));
+    }
+    f.push(format!("--micro-batch-size {}", c.micro_batch));
+    f.push(format!("--global-batch-size {}", c.global_batch));
+    if c.sequence_parallel && c.tp > 1 {
+        f.push("--sequence-parallel".into());
+    }
+    match c.recompute {
+        Recompute::None => {}
+        Recompute::Selective => f.push("--recompute-granularity selective".into()),
+        Recompute::Full => {
+            f.push("--recompute-granularity full".into());
+            f.push("--recompute-method uniform".into());
+            f.push("--recompute-num-layers 1".into());
+        }
+    }
+    // the planner's flash attention is Megatron's fused-attention backend; without it, the
+    // unfused core that materializes the s×s scores
+    f.push(format!(
+        "--attention-backend {}",
+        if c.flash_attention { "flash" } else { "unfused" }
+    ));
+    if c.dtype == Dtype::Bf16 {
+        f.push("--bf16".into());
+    }
+    if c.order == "tp-pp-dp".parse::<RankOrder>().expect("order") {
+        f.push("--use-tp-pp-dp-mapping".into());
+    }
+    match c.zero {
+        0 => {}
+        1 => f.push("--use-distributed-optimizer".into()),
+        z => {
+            // ZeRO-2/3: Megatron-FSDP shards gradients (+ weights) over the data-parallel ranks
+            f.push("--use-megatron-fsdp".into());
+            f.push(format!(
+                "--data-parallel-sharding-strategy {}",
+                if z == 2 { "optim_grads" } else { "optim_grads_params" }
+            ));
+            f.push("--ckpt-format fsdp_dtensor".into());
+        }
+    }
+    if c.overlap_dp && c.dp > 1 {
+        f.push("--overlap-grad-reduce".into());
+        if c.zero >= 1 {
+            f.push("--overlap-param-gather".into());
+        }
+    }
+    f
+}
+
+/// Training flags whose values are the script's placeholders.
+fn training_flags() -> Vec<String> {
+    [
+        "--train-iters $TRAIN_ITERS",
+        "--lr $LR",
+        "--min-lr $MIN_LR",
+        "--lr-decay-style cosine",
+        "--lr-warmup-fraction 0.01",
+        "--weight-decay 0.1",
+        "--clip-grad 1.0",
+        "--adam-beta1 0.9",
+        "--adam-beta2 0.95",
+        "--init-method-std 0.02",
+        "--save $CKPT_DIR",
+        "--load $CKPT_DIR",
+        "--save-interval $SAVE_INTERVAL",
+        "--log-interval 1",
+        "--log-throughput",
+        "--eval-interval $TRAIN_ITERS",
+        "--eval-iters 1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
+    let mut flags = model_flags(m, c.tp)?;
+    flags.extend(layout_flags(m, c));
+    flags.extend(training_flags());
+    flags.push("$DATA_ARGS".into());
+    let mut env = Vec::new();
+    if (c.tp > 1) && c.zero < 2 {
+        env.push((
+            "CUDA_DEVICE_MAX_CONNECTIONS".into(),
+            "1".into(),
+            "Megatron-LM asserts it with tensor parallelism before Blackwell (one queue keeps TP communication ahead of compute)".into(),
+        ));
+    }
+    let placeholders = format!(
+        "TRAIN_ITERS=${{TRAIN_ITERS:-100}}        # PLACEHOLDER: iterations of this run\n\
+         LR=${{LR:-3e-4}}                        # PLACEHOLDER: peak learning rate\n\
+         MIN_LR=${{MIN_LR:-3e-5}}                # PLACEHOLDER: final learning rate (cosine decay)\n\
+         CKPT_DIR=${{CKPT_DIR:-checkpoints/{name}}}  # PLACEHOLDER: checkpoints (saved and resumed)\n\
+         SAVE_INTERVAL=${{SAVE_INTERVAL:-1000}}  # PLACEHOLDER: iterations between checkpoints\n\
+         # PLACEHOLDER: data. The default trains on mock data with a null tokenizer of the planned\n\
+         # vocabulary ({vocab}), which runs as is; for real data, e.g.\n\
+         #   DATA_ARGS=\"--data-path /path/to/prefix_text_document --split 949,50,1 \\\n\
+         #     --tokenizer-type HuggingFaceTokenizer --tokenizer-model /path/to/tokenizer\"\n\
+         DATA_ARGS=${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}}}\n",
+        name = m.name,
+        vocab = m.vocab,
+    );
+    Ok(Job {
+        framework: Framework::MegatronLm,
+        env,
+        program: "pretrain_gpt.py".into(),
+        flags,
+        placeholders,
+        run_from: "the root of a Megatron-LM checkout (pretrain_gpt.py)".into(),
+        files: Vec::new(),
+    })
+}

@@ -1,0 +1,215 @@
+//! Exports: golden files for a spread of layouts (checked against the frameworks' own parsers
+//! by `scripts/check-exports.py`; regenerate with `EXATRAIN_BLESS=1 cargo test -p exatrain-study
+//! --test export` after such a check), and properties over many layouts.
+
+use exatrain_spec::{presets, Framework, ParallelConfig, Recompute, RankOrder};
+use exatrain_study::export::{export, shape, Format, Launcher};
+
+fn layout(tp: u32, pp: u32, dp: u32, mb: u32, gb: u32) -> ParallelConfig {
+    ParallelConfig::new(tp, pp, dp, mb, gb)
+}
+
+/// (golden file, model, cluster, layout, format, launcher)
+fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, Format, Launcher)> {
+    let mlm = Format::Framework(Framework::MegatronLm);
+    let ds = Format::Framework(Framework::MegatronDeepspeed);
+    let tt = Format::Framework(Framework::Torchtitan);
+    vec![
+        (
+            "gpt-175b-frontier-megatron-lm",
+            "gpt-175b",
+            "frontier",
+            ParallelConfig { zero: 1, sequence_parallel: true, virtual_stages: 3, ..layout(4, 8, 32, 2, 2048) },
+            mlm,
+            Launcher::Torchrun,
+        ),
+        ("gpt-175b-frontier-slurm", "gpt-175b", "frontier", ParallelConfig { zero: 1, ..layout(8, 16, 8, 1, 1024) }, Format::Slurm, Launcher::Slurm),
+        (
+            "llama3-8b-h100-megatron-lm-fsdp",
+            "llama3-8b",
+            "dgx-h100",
+            ParallelConfig { zero: 3, flash_attention: true, recompute: Recompute::Full, ..layout(1, 1, 64, 1, 256) },
+            mlm,
+            Launcher::Torchrun,
+        ),
+        (
+            "llama2-70b-h100-megatron-deepspeed",
+            "llama2-70b",
+            "dgx-h100",
+            ParallelConfig { flash_attention: true, sequence_parallel: true, ..layout(8, 4, 4, 1, 512) },
+            ds,
+            Launcher::Torchrun,
+        ),
+        (
+            "llama3-70b-perlmutter-torchtitan-slurm",
+            "llama3-70b",
+            "perlmutter",
+            ParallelConfig {
+                zero: 3,
+                flash_attention: true,
+                sequence_parallel: true,
+                virtual_stages: 2,
+                recompute: Recompute::Full,
+                ..layout(4, 4, 16, 1, 512)
+            },
+            tt,
+            Launcher::Slurm,
+        ),
+        (
+            "gpt-22b-h100-12gpus-tp-pp-dp",
+            "gpt-22b",
+            "dgx-h100",
+            ParallelConfig { order: "tp-pp-dp".parse().unwrap(), dtype: exatrain_spec::Dtype::Fp32, ..layout(2, 2, 3, 1, 48) },
+            mlm,
+            Launcher::Torchrun,
+        ),
+    ]
+}
+
+fn render(files: &[exatrain_study::export::File]) -> String {
+    let mut s = String::new();
+    for f in files {
+        s.push_str(&format!("==== {} ====\n{}", f.name, f.contents));
+    }
+    s
+}
+
+#[test]
+fn exports_match_their_golden_files() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let bless = std::env::var_os("EXATRAIN_BLESS").is_some();
+    for (name, model, cluster, cfg, format, launcher) in cases() {
+        let m = presets::model(model).unwrap();
+        let cl = presets::cluster(cluster).unwrap();
+        let got = render(&export(&m, &cl, &cfg, format, launcher).unwrap_or_else(|e| panic!("{name}: {e}")));
+        let path = dir.join(format!("{name}.txt"));
+        if bless {
+            std::fs::write(&path, &got).unwrap();
+            continue;
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(got == want, "{name}: the export changed; diff against {}:\n{got}", path.display());
+    }
+}
+
+fn flag<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let toks: Vec<&str> = text.split_whitespace().collect();
+    toks.iter().position(|t| *t == name).map(|i| toks[i + 1])
+}
+
+/// Over every framework, many layouts and every cluster: a job launches exactly the planned
+/// number of ranks, carries the layout and the environment its framework asserts, or is refused
+/// with the reason `can_run` gives.
+#[test]
+fn every_export_launches_the_planned_ranks_or_is_refused_with_the_reason() {
+    let mut exported = 0;
+    let mut refused = 0;
+    for model in ["gpt-22b", "llama3-8b", "llama2-70b"] {
+        let m = presets::model(model).unwrap();
+        for cluster in ["frontier", "dgx-h100", "perlmutter"] {
+            let cl = presets::cluster(cluster).unwrap();
+            for (tp, pp, dp) in [(1, 1, 12), (2, 2, 3), (8, 4, 4), (4, 8, 2), (2, 1, 6)] {
+                for zero in 0..=3u8 {
+                    for order in [RankOrder::default(), "tp-pp-dp".parse().unwrap()] {
+                        for virtual_stages in [1, 2] {
+                            let cfg = ParallelConfig {
+                                zero,
+                                order,
+                                virtual_stages,
+                                sequence_parallel: tp > 1,
+                                flash_attention: true,
+                                ..layout(tp, pp, dp, 1, 16 * dp)
+                            };
+                            if cfg.check(&m, cfg.gpus()).is_err() {
+                                continue;
+                            }
+                            for f in Framework::ALL {
+                                for launcher in [Launcher::Torchrun, Launcher::Slurm] {
+                                    let r = export(&m, &cl, &cfg, Format::Framework(f), launcher);
+                                    match (f.can_run(&m, &cfg), r) {
+                                        (Err(why), Err(e)) => {
+                                            assert!(e.0.contains(&why), "{e} vs {why}");
+                                            refused += 1;
+                                        }
+                                        (Ok(()), Ok(files)) => {
+                                            exported += 1;
+                                            check_job(&m, &cl, &cfg, f, launcher, &files);
+                                        }
+                                        (Ok(()), Err(e)) if f == Framework::Torchtitan => {
+                                            assert!(e.0.contains("registered Llama 3 flavors"), "{e}")
+                                        }
+                                        (a, b) => panic!("{model} {cfg:?} {f}: can_run {a:?} but export {b:?}"),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(exported > 100 && refused > 100, "{exported} exported, {refused} refused");
+}
+
+fn check_job(
+    m: &exatrain_spec::ModelSpec,
+    cl: &exatrain_spec::ClusterSpec,
+    cfg: &ParallelConfig,
+    f: Framework,
+    launcher: Launcher,
+    files: &[exatrain_study::export::File],
+) {
+    let main = &files[0].contents;
+    let (nodes, per_node) = shape(cfg.gpus(), cl.node.devices);
+    assert_eq!(nodes * per_node, cfg.gpus());
+    assert!(per_node <= cl.node.devices);
+    match launcher {
+        Launcher::Torchrun => {
+            assert_eq!(files[0].name, "launch.sh");
+            assert_eq!(flag(main, "--nnodes"), Some(nodes.to_string().as_str()));
+            assert_eq!(flag(main, "--nproc-per-node"), Some(per_node.to_string().as_str()));
+        }
+        Launcher::Slurm => {
+            assert_eq!(files[0].name, "job.sbatch");
+            assert!(main.contains(&format!("#SBATCH --nodes={nodes}\n")));
+            assert!(main.contains(&format!("--ntasks={} ", cfg.gpus())));
+            assert!(!main.contains("--cpu-bind=closest"), "closest is a --gpu-bind value");
+            let rank = &files.iter().find(|f| f.name == "rank.sh").expect("rank.sh").contents;
+            for v in ["RANK=$SLURM_PROCID", "WORLD_SIZE=$SLURM_NTASKS", "LOCAL_RANK="] {
+                assert!(rank.contains(v), "{v} in {rank}");
+            }
+        }
+    }
+    let max_conn = main.contains("CUDA_DEVICE_MAX_CONNECTIONS=\"1\"");
+    match f {
+        Framework::MegatronLm => {
+            assert_eq!(flag(main, "--tensor-model-parallel-size"), Some(cfg.tp.to_string().as_str()));
+            assert_eq!(flag(main, "--pipeline-model-parallel-size"), Some(cfg.pp.to_string().as_str()));
+            assert_eq!(flag(main, "--global-batch-size"), Some(cfg.global_batch.to_string().as_str()));
+            // asserted by Megatron-LM with tp > 1 (pre-Blackwell), forbidden with Megatron-FSDP
+            assert_eq!(max_conn, cfg.tp > 1 && cfg.zero < 2, "{cfg:?}");
+            let d: u32 = flag(main, "--make-vocab-size-divisible-by").unwrap().parse().unwrap();
+            assert_eq!(m.vocab.div_ceil(d * cfg.tp) * d * cfg.tp, m.padded_vocab);
+            assert_eq!(main.contains("--use-megatron-fsdp"), cfg.zero >= 2);
+        }
+        Framework::MegatronDeepspeed => {
+            let ds: serde_json::Value =
+                serde_json::from_str(&files.iter().find(|f| f.name == "ds_config.json").unwrap().contents).unwrap();
+            assert_eq!(ds["train_batch_size"], cfg.global_batch);
+            assert_eq!(
+                ds["train_micro_batch_size_per_gpu"].as_u64().unwrap()
+                    * ds["gradient_accumulation_steps"].as_u64().unwrap()
+                    * cfg.dp as u64,
+                cfg.global_batch as u64
+            );
+            assert_eq!(ds["zero_optimization"]["stage"], cfg.zero);
+            assert!(!main.contains("--num-query-groups") && !main.contains("--position-embedding-type"));
+        }
+        Framework::Torchtitan => {
+            let py = &files.iter().find(|f| f.name == "exatrain_recipe.py").unwrap().contents;
+            assert!(py.contains(&format!("p.tensor_parallel_degree = {}\n", cfg.tp)));
+            assert!(py.contains(&format!("p.pipeline_parallel_degree = {}\n", cfg.pp)));
+            assert!(main.contains("-m torchtitan.train --module exatrain_recipe --config exatrain_run"));
+        }
+    }
+}
