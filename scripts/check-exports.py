@@ -10,6 +10,9 @@ line and environment each rank would get. That command line then goes through:
                       padded vocabulary Megatron will build is compared with the plan's;
   megatron-deepspeed  megatron.arguments.parse_args + validate_args of Megatron-DeepSpeed, and
                       DeepSpeed's own DeepSpeedConfig on the exported ds_config.json;
+  torchtitan          the exported recipe imported and built by torchtitan (its Llama 3 config
+                      function), the degrees checked by torchtitan's ParallelDims for the world
+                      size, and the batch arithmetic;
   slurm               Slurm's `sbatch` and `srun` option parsing (a scratch slurm.conf with no
                       controller: "Unable to contact slurm controller" means every option
                       parsed), then Megatron-LM's parser on what srun would run.
@@ -49,16 +52,18 @@ LAYOUTS = [
     ("llama3-8b tp1 zero3", "llama3-8b", "dgx-h100", "--gpus 64 --tp 1 --pp 1 --dp 64 --global-batch 256 --zero 3 --flash-attention"),
     ("llama3-8b tp2 pp2 interleaved", "llama3-8b", "dgx-h100", "--gpus 16 --tp 2 --pp 2 --dp 4 --global-batch 64 --flash-attention --sequence-parallel --virtual-stages 2"),
     ("llama3-70b tp8 pp2 zero0", "llama3-70b", "perlmutter", "--gpus 256 --tp 4 --pp 4 --dp 16 --global-batch 512 --flash-attention --sequence-parallel --zero 0"),
-    ("llama3-405b tp8 pp16", "llama3-405b", "dgx-h100", "--gpus 2048 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
+    ("llama3-405b tp8 pp16", "llama3-405b", "dgx-h100", "--gpus 1792 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
     ("llama3-70b 36 gpus", "llama3-70b", "dgx-h100", "--gpus 40 --tp 4 --pp 2 --dp 5 --global-batch 80 --flash-attention --sequence-parallel"),
     ("gpt-175b lumi", "gpt-175b", "lumi", "--gpus 1024 --tp 8 --pp 16 --dp 8 --global-batch 1024 --zero 1 --flash-attention"),
     ("gpt-22b perlmutter", "gpt-22b", "perlmutter", "--gpus 64 --tp 4 --pp 2 --dp 8 --global-batch 128 --sequence-parallel"),
     ("llama2-13b selene sel", "llama2-13b", "selene", "--gpus 32 --tp 4 --pp 1 --dp 8 --global-batch 128 --flash-attention --sequence-parallel --recompute selective"),
     ("gpt-22b dp zero2 pp2", "gpt-22b", "frontier", "--gpus 128 --tp 2 --pp 2 --dp 32 --global-batch 256 --zero 2"),
+    ("llama3-70b zero3 interleaved", "llama3-70b", "dgx-h100", "--gpus 128 --tp 4 --pp 4 --dp 8 --global-batch 256 --flash-attention --sequence-parallel --zero 3 --virtual-stages 2 --recompute full"),
+    ("llama3-8b zero2 tp2", "llama3-8b", "frontier", "--gpus 32 --tp 2 --pp 1 --dp 16 --global-batch 128 --flash-attention --sequence-parallel --zero 2"),
     ("mlm21-1.7b frontier 1 node", "mlm21-1.7b", "frontier", "--gpus 8 --tp 1 --pp 2 --dp 4 --global-batch 32 --zero 1 --flash-attention"),
 ]
 
-FORMATS = ["megatron-lm", "megatron-deepspeed", "slurm"]
+FORMATS = ["megatron-lm", "megatron-deepspeed", "torchtitan", "slurm"]
 
 FAKE = r"""#!/bin/bash
 # records what would run: argv and environment
@@ -101,7 +106,9 @@ v = a.vocab_size + 1                               # Megatron-DeepSpeed's null t
 padded = -(-v // mult) * mult
 if padded != expect:
     raise SystemExit(f"padded vocabulary {padded} != planned {expect}")
+import deepspeed.runtime.config as dsc
 from deepspeed.runtime.config import DeepSpeedConfig
+dsc.dist.get_rank = lambda *a, **k: 0        # no process group here: rank 0 of the job
 class Mpu:
     def get_data_parallel_world_size(self): return a.data_parallel_size
     def get_data_parallel_rank(self): return 0
@@ -110,6 +117,26 @@ class Mpu:
     def get_sequence_parallel_world_size(self): return 1
     def get_sequence_data_parallel_world_size(self): return a.data_parallel_size
 DeepSpeedConfig(a.deepspeed_config, mpu=Mpu())
+print("ok")
+"""
+
+
+TORCHTITAN = r"""
+import json, os, sys
+rec = json.load(open(sys.argv[1])); world = int(sys.argv[2])
+sys.path.insert(0, os.getcwd())
+import exatrain_recipe
+from torchtitan.distributed.parallel_dims import ParallelDims
+c = exatrain_recipe.exatrain_run()
+p, t = c.parallelism, c.training
+dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                    cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                    ep=1, world_size=world)
+dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+steps = t.num_tokens_per_train_step // (t.num_tokens_per_microbatch_per_dp_rank * dp)
+assert t.num_tokens_per_train_step % (t.num_tokens_per_microbatch_per_dp_rank * dp) == 0, "batch"
+if p.pipeline_parallel_degree > 1:
+    assert p.num_pp_microbatches == steps, (p.num_pp_microbatches, steps)
 print("ok")
 """
 
@@ -184,7 +211,9 @@ def main():
     ap.add_argument("--exatrain", default="target/release/exatrain")
     ap.add_argument("--megatron-lm", help="a Megatron-LM checkout")
     ap.add_argument("--megatron-deepspeed", help="a Megatron-DeepSpeed checkout")
+    ap.add_argument("--torchtitan", help="a torchtitan checkout (with its dependencies installed)")
     ap.add_argument("--python", default=sys.executable, help="the Python with torch (and deepspeed)")
+    ap.add_argument("--only", help="check only this format")
     a = ap.parse_args()
     exatrain = os.path.abspath(a.exatrain)
     rows, bad = [], 0
@@ -197,7 +226,7 @@ def main():
             rows.append((name, "all", "INVALID", last_line(r.stderr))); bad += 1
             continue
         padded = next(int(l.split("=")[1]) for l in open(os.path.join(tomlf, "run.toml")) if l.startswith("padded_vocab"))
-        for fmt in FORMATS:
+        for fmt in [f for f in FORMATS if not a.only or f == a.only]:
             folder = os.path.join(scratch, f"{name.replace(' ', '_')}-{fmt}")
             r = run([exatrain, "export", "--format", fmt, "--model", model, "--cluster", cluster, *flags.split(), "--out", folder])
             if r.returncode == 2:
@@ -216,6 +245,8 @@ def main():
                 json.dump(data, open(recf, "w"))
                 if fmt == "megatron-deepspeed":
                     src, harness = a.megatron_deepspeed, MEGATRON_DS
+                elif fmt == "torchtitan":
+                    src, harness = a.torchtitan, TORCHTITAN
                 else:
                     src, harness = a.megatron_lm, MEGATRON_LM
                 if not src:
@@ -224,6 +255,8 @@ def main():
                 r = run([a.python, "-c", harness, recf, str(gpus), str(padded)], cwd=folder, env=env, timeout=600)
                 if r.returncode == 0 and r.stdout.strip().endswith("ok"):
                     note = "parse_args + validate_args" + (" + DeepSpeedConfig" if fmt == "megatron-deepspeed" else "")
+                    if fmt == "torchtitan":
+                        note = "recipe built + ParallelDims + batch arithmetic"
                     if fmt == "slurm":
                         note = ("sbatch + srun options, rank variables, " if not skipped else skipped + "; ") + note
                     rows.append((name, fmt, "PASS", note))

@@ -43,6 +43,10 @@ pub struct StudyArgs {
     /// Print study.json to stdout instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Search only layouts this framework runs (megatron-lm, megatron-deepspeed, torchtitan), so
+    /// that every recommended layout can be exported to it.
+    #[arg(long)]
+    pub framework: Option<String>,
 }
 
 /// `20T`, `300B`, `1.5e12`, `7M`.
@@ -161,6 +165,7 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         tokens_per_param: a.tokens_per_param,
         node_mtbf_hours: positive_f(a.node_mtbf_hours, "node-mtbf-hours")?,
         checkpoint_write_gbps: positive_f(a.checkpoint_gbps, "checkpoint-gbps")?,
+        framework: a.framework.as_deref().map(str::parse).transpose()?,
     };
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir)

@@ -119,6 +119,10 @@ pub struct TuneArgs {
     /// Only the default rank order tp-dp-pp.
     #[arg(long)]
     pub default_order: bool,
+    /// Search only layouts this framework runs (megatron-lm, megatron-deepspeed, torchtitan), so
+    /// that the best can be exported to it (`export --from tune.json --format NAME`).
+    #[arg(long)]
+    pub framework: Option<String>,
     /// Do not consider flash attention.
     #[arg(long)]
     pub no_flash: bool,
@@ -355,6 +359,7 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
         ))),
     })?;
     s.recompute = parse_list(&a.recompute, "recompute", |x| x.parse::<Recompute>())?;
+    s.framework = a.framework.as_deref().map(str::parse).transpose()?;
     if a.default_order {
         s.orders = vec![RankOrder::default()];
     }

@@ -45,7 +45,7 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
         "--nodes",
         "128",
         "--format",
-        "megatron-deepspeed",
+        "megatron-lm",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s = String::from_utf8(out.stdout).unwrap();
@@ -54,7 +54,7 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
         "{s}"
     );
     assert!(s.contains(&format!("--pipeline-model-parallel-size {}", row["pp"])));
-    assert!(s.contains("\"train_batch_size\""));
+    assert!(s.contains(&format!("--global-batch-size {}", row["global_batch"])));
 }
 
 #[test]
@@ -151,4 +151,43 @@ fn study_and_export_bad_input() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: got {err}, want {want}");
     }
+}
+
+/// `study --framework F` recommends only layouts F runs, so each exports to F.
+#[test]
+fn study_for_a_framework_recommends_what_it_can_export() {
+    for f in ["megatron-lm", "megatron-deepspeed", "torchtitan"] {
+        let dir = tmp(&format!("fw-{f}"));
+        let out = exatrain(&[
+            "study",
+            "--model",
+            "llama3-8b",
+            "--nodes",
+            "4,8",
+            "--framework",
+            f,
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{f}: {}", String::from_utf8_lossy(&out.stderr));
+        for nodes in ["4", "8"] {
+            let out = exatrain(&[
+                "export",
+                "--from",
+                dir.join("study.json").to_str().unwrap(),
+                "--nodes",
+                nodes,
+                "--format",
+                f,
+            ]);
+            assert!(
+                out.status.success(),
+                "{f} at {nodes} nodes: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let out = exatrain(&["tune", "--model", "gpt-22b", "--gpus", "64", "--framework", "torchtitan"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("torchtitan can run none of the layouts"));
 }

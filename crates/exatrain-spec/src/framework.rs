@@ -7,7 +7,8 @@ use std::fmt;
 use crate::{Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, SpecError};
 
 /// A framework users launch a plan with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Framework {
     MegatronLm,
     MegatronDeepspeed,

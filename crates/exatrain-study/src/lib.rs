@@ -80,10 +80,21 @@ pub struct StudySpec {
     pub tokens_per_param: f64,
     pub node_mtbf_hours: Option<f64>,
     pub checkpoint_write_gbps: Option<f64>,
+    /// Only layouts this framework runs.
+    pub framework: Option<exatrain_spec::Framework>,
 }
 
-fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32) -> Result<Point, String> {
-    let s = SpaceSpec::new(gpus, gb);
+fn best(
+    m: &ModelSpec,
+    c: &ClusterSpec,
+    gpus: u32,
+    gb: u32,
+    framework: Option<exatrain_spec::Framework>,
+) -> Result<Point, String> {
+    let s = SpaceSpec {
+        framework,
+        ..SpaceSpec::new(gpus, gb)
+    };
     if let Some(why) = space::why_empty(m, &s) {
         return Err(why);
     }
@@ -116,8 +127,8 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
             let gpus = n * per_node;
             // Weak scaling grows the batch with the machine; rounded to whole sequences.
             let gb_weak = ((gb0 as u64 * n as u64) / n0 as u64).max(1) as u32;
-            let weak = best(m, c, gpus, gb_weak);
-            let strong = best(m, c, gpus, gb0);
+            let weak = best(m, c, gpus, gb_weak, s.framework);
+            let strong = best(m, c, gpus, gb0, s.framework);
             let why = match (&weak, &strong) {
                 (Err(a), Err(b)) if a == b => Some(a.clone()),
                 (Err(a), Err(b)) => Some(format!("weak: {a}; strong: {b}")),

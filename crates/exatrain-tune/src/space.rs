@@ -7,7 +7,7 @@
 //! only in where size-1 dimensions sit. By default ([`SpaceSpec::launchable`]) the space also
 //! leaves out ZeRO-2/3 with pipeline parallelism, which no common framework runs.
 
-use exatrain_spec::{Dim, Dtype, ModelSpec, ParallelConfig, RankOrder, Recompute};
+use exatrain_spec::{Dim, Dtype, Framework, ModelSpec, ParallelConfig, RankOrder, Recompute};
 
 /// What to search over; [`SpaceSpec::new`] gives the whole space the planner understands.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -33,6 +33,10 @@ pub struct SpaceSpec {
     /// Only layouts the common frameworks run: ZeRO-2/3 only without pipeline parallelism
     /// (DeepSpeed's pipeline engine allows ZeRO-1 only; Megatron-LM has ZeRO-1 only).
     pub launchable: bool,
+    /// Only layouts this framework can run ([`Framework::can_run`]), so that the best one can
+    /// always be exported to it.
+    #[serde(default)]
+    pub framework: Option<Framework>,
 }
 
 impl SpaceSpec {
@@ -52,6 +56,7 @@ impl SpaceSpec {
             dtype: Dtype::Bf16,
             overlap_dp: true,
             launchable: true,
+            framework: None,
         }
     }
 }
@@ -226,6 +231,7 @@ pub fn shape_configs<'a>(
     (0..o.count())
         .map(move |i| o.get(i, s))
         .filter(move |c| c.check(m, s.gpus).is_ok())
+        .filter(move |c| s.framework.is_none_or(|f| f.can_run(m, c).is_ok()))
 }
 
 /// Every valid, distinct layout of the space, lazily.
@@ -237,6 +243,20 @@ pub fn configs<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = P
 pub fn why_empty(m: &ModelSpec, s: &SpaceSpec) -> Option<String> {
     if configs(m, s).next().is_some() {
         return None;
+    }
+    if let Some(f) = s.framework {
+        let any = SpaceSpec {
+            framework: None,
+            ..s.clone()
+        };
+        let first = configs(m, &any).next();
+        if let Some(c) = first {
+            let why = f.can_run(m, &c).err().unwrap_or_default();
+            return Some(format!(
+                "{f} can run none of the layouts of {} GPUs (e.g. tp {} pp {} dp {}: {why})",
+                s.gpus, c.tp, c.pp, c.dp
+            ));
+        }
     }
     let gpus = s.gpus;
     let cells: Vec<String> = divisors(gpus)
