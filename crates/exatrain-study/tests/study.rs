@@ -10,6 +10,7 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
         tokens_per_param: 20.0,
         node_mtbf_hours: None,
         checkpoint_write_gbps: None,
+        framework: None,
     }
 }
 

@@ -95,8 +95,9 @@ pub fn shape(gpus: u32, devices_per_node: u32) -> (u32, u32) {
     (gpus / per_node, per_node)
 }
 
-/// The smallest `--make-vocab-size-divisible-by` value for which the framework's padding
-/// (`vocab` rounded up to a multiple of value × tp) gives exactly `padded`.
+/// A `--make-vocab-size-divisible-by` value for which the framework's padding (`vocab` rounded
+/// up to a multiple of value × tp) gives exactly `padded`: the frameworks' default 128 when it
+/// does, else the smallest that does.
 pub fn vocab_divisor(vocab: u32, padded: u32, tp: u32) -> Result<u32, String> {
     if padded % tp != 0 {
         return Err(format!(
@@ -104,6 +105,10 @@ pub fn vocab_divisor(vocab: u32, padded: u32, tp: u32) -> Result<u32, String> {
         ));
     }
     let per = padded / tp;
+    let pads = |d: u32| vocab.div_ceil(d * tp) * d * tp == padded;
+    if pads(128) {
+        return Ok(128);
+    }
     (1..=per)
         .filter(|d| per % d == 0)
         .find(|d| vocab.div_ceil(d * tp) * d * tp == padded)
@@ -174,8 +179,9 @@ mod tests {
 
     #[test]
     fn vocab_divisor_reproduces_the_planned_rows() {
-        assert_eq!(vocab_divisor(50257, 50304, 8), Ok(16));
-        assert_eq!(vocab_divisor(51200, 51200, 8), Ok(1));
+        assert_eq!(vocab_divisor(50257, 50304, 8), Ok(6));
+        assert_eq!(vocab_divisor(50257, 51200, 8), Ok(128));
+        assert_eq!(vocab_divisor(51200, 51200, 8), Ok(128));
         assert_eq!(vocab_divisor(128256, 128256, 8), Ok(1));
         assert!(vocab_divisor(50257, 50304, 7).is_err());
         for (v, p, tp) in [(50257u32, 50304u32, 4u32), (32000, 32000, 2), (50257, 51200, 8)] {
