@@ -133,5 +133,6 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
         model: spec,
         layout,
         time_s,
+        step_s: None,
     })
 }

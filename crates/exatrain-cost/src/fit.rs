@@ -2,7 +2,9 @@
 //! the planner's time terms match what runs measured, by least squares on the log of each
 //! measured term (compute, tensor- and data-parallel communication, optimizer). Pipeline
 //! send time is not fitted: a trainer's non-blocking send measures only its start (the
-//! transfer shows as the receiver's wait).
+//! transfer shows as the receiver's wait). Runs measured by a framework's log carry only their
+//! step time: for them the planner's whole step is compared, and when no run has terms only the
+//! two factors a step time can tell apart (compute and link bandwidth) are fitted.
 //!
 //! The factors are multipliers on the spec's numbers — GEMM peak (compute), memory bandwidth
 //! (element-wise kernels and the optimizer), link bandwidth and link latency (collectives) —
@@ -22,7 +24,10 @@ pub struct Measured {
     pub name: String,
     pub model: ModelSpec,
     pub layout: ParallelConfig,
+    /// Measured time terms (zero where not measured).
     pub time_s: Times,
+    /// Measured wall time per step, when only that is known (framework logs).
+    pub step_s: Option<f64>,
 }
 
 /// A multiplier on part of a cluster spec.
@@ -90,36 +95,47 @@ pub struct Fit {
 }
 
 /// The time terms compared, by name.
-const TERMS: [&str; 4] = ["compute", "tp_comm", "dp_comm", "optimizer"];
+const TERMS: [&str; 5] = ["compute", "tp_comm", "dp_comm", "optimizer", "step"];
 
-fn term(t: &Times, i: usize) -> f64 {
-    [t.compute, t.tp_comm, t.dp_comm, t.optimizer][i]
+fn term(t: &[f64; 5], i: usize) -> f64 {
+    t[i]
 }
 
-fn predict(c: &ClusterSpec, run: &Measured) -> Result<Times, SpecError> {
+/// A run's measured terms, in [`TERMS`] order.
+fn measured(run: &Measured) -> [f64; 5] {
+    let t = &run.time_s;
+    [t.compute, t.tp_comm, t.dp_comm, t.optimizer, run.step_s.unwrap_or(0.0)]
+}
+
+fn predict(c: &ClusterSpec, run: &Measured) -> Result<[f64; 5], SpecError> {
     plan(&run.model, c, &run.layout)
-        .map(|p| p.time_s)
+        .map(|p| {
+            let t = p.time_s;
+            [t.compute, t.tp_comm, t.dp_comm, t.optimizer, p.step_time_s]
+        })
         .map_err(|e| SpecError::new(format!("run {}: the planner rejects its layout: {e}", run.name)))
 }
 
 /// Which terms of each run are fitted: measured, and predicted by the base spec (a term the
 /// model prices at zero, e.g. a fully hidden reduction, no factor can explain).
-fn used_terms(base: &ClusterSpec, runs: &[Measured]) -> Result<Vec<[bool; 4]>, SpecError> {
+fn used_terms(base: &ClusterSpec, runs: &[Measured]) -> Result<Vec<[bool; 5]>, SpecError> {
     runs.iter()
         .map(|run| {
             let p = predict(base, run)?;
-            Ok(std::array::from_fn(|i| term(&run.time_s, i) > 0.0 && term(&p, i) > 0.0))
+            let m = measured(run);
+            Ok(std::array::from_fn(|i| term(&m, i) > 0.0 && term(&p, i) > 0.0))
         })
         .collect()
 }
 
 /// ln(predicted/measured) of the `used` terms of every run under cluster `c`.
-fn residuals(c: &ClusterSpec, runs: &[Measured], used: &[[bool; 4]]) -> Result<Vec<f64>, SpecError> {
+fn residuals(c: &ClusterSpec, runs: &[Measured], used: &[[bool; 5]]) -> Result<Vec<f64>, SpecError> {
     let mut r = Vec::new();
     for (run, u) in runs.iter().zip(used) {
         let p = predict(c, run)?;
+        let m = measured(run);
         for i in (0..TERMS.len()).filter(|i| u[*i]) {
-            r.push((term(&p, i).max(1e-12) / term(&run.time_s, i)).ln());
+            r.push((term(&p, i).max(1e-12) / term(&m, i)).ln());
         }
     }
     Ok(r)
@@ -190,8 +206,13 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
         let r = residuals(&c)?;
         Ok(r.iter().zip(&r0).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
     };
+    // step times alone cannot tell memory and latency from compute and bandwidth
+    let only_steps = used.iter().all(|u| !u[..4].iter().any(|x| *x));
     let mut free = Vec::new();
     for f in FACTORS {
+        if only_steps && matches!(f, Factor::Memory | Factor::Latency) {
+            continue;
+        }
         if sens(f)? > 1e-4 {
             free.push(f);
         }

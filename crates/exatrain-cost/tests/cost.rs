@@ -326,6 +326,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 model,
                 layout: *l,
                 time_s,
+                step_s: None,
             }
         })
         .collect();
@@ -361,6 +362,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 time_s: plan(&model, &truth, &l).unwrap().time_s,
                 model,
                 layout: l,
+                step_s: None,
             }
         })
         .collect();
@@ -373,4 +375,40 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
         "{:?}",
         by(Factor::Compute)
     );
+}
+
+/// Runs known only by their step time (framework logs): the fit recovers the compute and link
+/// bandwidth factors from the whole step and keeps memory and latency.
+#[test]
+fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
+    use exatrain_cost::fit::{fit, Factor, Measured};
+    let base = presets::cluster("dgx-h100").unwrap();
+    let mut truth = base.clone();
+    Factor::Compute.apply(&mut truth, 0.8);
+    Factor::Bandwidth.apply(&mut truth, 0.4);
+    let runs: Vec<Measured> = [
+        ParallelConfig::new(8, 1, 2, 1, 64),
+        ParallelConfig::new(2, 4, 2, 1, 64),
+        ParallelConfig { overlap_dp: false, ..ParallelConfig::new(1, 1, 16, 1, 64) },
+        ParallelConfig::new(4, 2, 4, 2, 128),
+    ]
+    .iter()
+    .map(|l| {
+        let model = presets::model("llama2-7b").unwrap();
+        let step = plan(&model, &truth, l).unwrap().step_time_s;
+        Measured {
+            name: format!("{l:?}"),
+            model,
+            layout: *l,
+            time_s: Default::default(),
+            step_s: Some(step),
+        }
+    })
+    .collect();
+    let f = fit(&base, &runs).unwrap();
+    let by = |x: Factor| f.factors.iter().find(|y| y.factor == x).unwrap().clone();
+    assert!(!by(Factor::Memory).fitted && !by(Factor::Latency).fitted, "{f:?}");
+    assert!((by(Factor::Compute).multiplier / 0.8 - 1.0).abs() < 0.03, "{f:?}");
+    assert!((by(Factor::Bandwidth).multiplier / 0.4 - 1.0).abs() < 0.1, "{f:?}");
+    assert!(f.rms_log_error_after < 0.01 && f.rms_log_error_before > 0.1, "{f:?}");
 }

@@ -16,6 +16,7 @@ pub mod exhaustive;
 pub mod fits;
 pub mod forest;
 pub mod gp;
+pub mod logs;
 pub mod space;
 pub mod store;
 pub mod trend;
