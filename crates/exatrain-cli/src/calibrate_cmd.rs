@@ -29,8 +29,10 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub mpi: bool,
     /// Instead of benchmarking: fit the --cluster spec's efficiency factors (compute, memory,
-    /// link bandwidth, latency) to these `exatrain train --report` files (files or folders;
-    /// at least 3 runs) by least squares on their measured time terms, and write the result
+    /// link bandwidth, latency) to these `exatrain train --report` files or framework logs
+    /// (Megatron-LM, Megatron-DeepSpeed, torchtitan: .log/.out/.txt, each with its run file
+    /// `<name>.toml` or `run.toml` from `export --format exatrain`, or Megatron's argument dump)
+    /// (files or folders; at least 3 runs) by least squares on their measured time terms, and write the result
     /// to --out (default: over the --cluster file, only once the fit succeeded).
     #[arg(long, num_args = 1..)]
     pub fit: Vec<PathBuf>,
@@ -61,10 +63,26 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
     for f in &a.fit {
         files.extend(reports::files(f, "--fit")?);
     }
-    let runs = reports::read(&files)?
+    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) =
+        files.into_iter().partition(|f| crate::framework_logs::is_log(f));
+    let mut runs = reports::read(&jsons)?
         .iter()
         .map(|(name, v)| reports::measured(name, v, a.model.as_deref()))
         .collect::<Result<Vec<_>, _>>()?;
+    for f in &logs {
+        let (run, log) = crate::framework_logs::measured(f, a.model.as_deref())?;
+        println!(
+            "{}: {:?} log, {} on {} GPUs, {:.3} s per step (median after {} warm-up iterations)",
+            run.name,
+            log.format,
+            run.model.name,
+            run.layout.gpus(),
+            run.step_s.unwrap_or(f64::NAN),
+            crate::framework_logs::WARMUP
+        );
+        runs.push(run);
+    }
+    let only_steps = runs.iter().all(|r| r.step_s.is_some());
     let fit = exatrain_cost::fit::fit(&base, &runs)?;
     fit.cluster.validate()?;
     if !(fit.rms_log_error_after <= fit.rms_log_error_before) {
@@ -84,7 +102,11 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
             if f.fitted {
                 format!("{name} ×{:.3}", f.multiplier)
             } else {
-                format!("{name} kept (no measured term depends on it)")
+                format!("{name} kept ({})", if only_steps {
+                    "step times alone cannot tell it from compute and bandwidth"
+                } else {
+                    "no measured term depends on it"
+                })
             }
         })
         .collect();

@@ -4,6 +4,7 @@ mod agree;
 mod args;
 mod calibrate_cmd;
 mod fidelity_cmd;
+mod framework_logs;
 mod plan_cmd;
 mod reports;
 mod run_folder;
@@ -35,7 +36,7 @@ enum Command {
     /// Scaling study: best layout per node count, weak/strong scaling, time to train, HTML report
     /// (default: gpt-22b, gpt-175b, gpt-1t on 128 and 384 Frontier nodes).
     Study(study_cmd::StudyArgs),
-    /// Turn a layout into a launch script: megatron-lm, megatron-deepspeed, slurm or exatrain.
+    /// Turn a layout into a complete job: megatron-lm, megatron-deepspeed, torchtitan (torchrun or Slurm), or an exatrain run file.
     Export(study_cmd::ExportArgs),
     /// Train a GPT model for real on this machine (default: gpt-mini on the bundled corpus).
     Train(train_cmd::TrainArgs),
@@ -44,7 +45,7 @@ enum Command {
     /// Write a checkpoint as a Hugging Face GPT-2 model (config.json + model.safetensors).
     ExportHf(sample_cmd::ExportHfArgs),
     /// Measure this machine (GEMM curve, memory bandwidth, collectives) and write it as a cluster
-    /// TOML; --fit fits its efficiency factors to trainer reports.
+    /// TOML; --fit fits its efficiency factors to trainer reports or framework logs.
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// Predicted vs measured, term by term, for trainer runs' --report files (HTML with --out).
     Fidelity(fidelity_cmd::FidelityArgs),

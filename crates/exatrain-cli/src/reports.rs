@@ -14,7 +14,7 @@ pub fn files(path: &Path, flag: &str) -> Result<Vec<PathBuf>, SpecError> {
         let mut v: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(|e| SpecError::new(format!("{flag} {}: {e}", path.display())))?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .filter(|p| p.extension().is_some_and(|x| x == "json") || crate::framework_logs::is_log(p))
             .collect();
         v.sort();
         v
@@ -28,7 +28,7 @@ pub fn files(path: &Path, flag: &str) -> Result<Vec<PathBuf>, SpecError> {
     };
     if files.is_empty() {
         return Err(SpecError::new(format!(
-            "{flag} {}: no .json reports (write them with `exatrain train --report FILE`)",
+            "{flag} {}: no .json reports (write them with `exatrain train --report FILE`) and no framework logs (.log, .out, .txt)",
             path.display()
         )));
     }

@@ -187,9 +187,18 @@ pub fn arg_u32(log: &FrameworkLog, name: &str) -> Option<u32> {
     log.args.get(name).and_then(|v| v.parse().ok())
 }
 
-/// A Megatron argument as a flag.
+/// A Megatron argument as a flag (Python prints `True` / `False`).
 pub fn arg_bool(log: &FrameworkLog, name: &str) -> Option<bool> {
-    log.args.get(name).and_then(|v| v.parse().ok())
+    match log.args.get(name).map(String::as_str) {
+        Some("True" | "true") => Some(true),
+        Some("False" | "false") => Some(false),
+        _ => None,
+    }
+}
+
+/// A Megatron argument as a number with a fraction.
+pub fn arg_f64(log: &FrameworkLog, name: &str) -> Option<f64> {
+    log.args.get(name).and_then(|v| v.parse().ok()).filter(|v: &f64| v.is_finite())
 }
 
 impl FrameworkLog {
@@ -234,6 +243,7 @@ mod tests {
     // excerpts in the frameworks' formats (written here from their logging code)
     const MEGATRON_LM: &str = "\
 ------------------------ arguments ------------------------
+  bf16 ............................................ True
   global_batch_size ............................... 64
   micro_batch_size ................................ 1
   num_layers ...................................... 24
@@ -259,6 +269,7 @@ mod tests {
         assert_eq!(log.iterations[2].loss, Some(10.0));
         assert_eq!(arg_u32(&log, "tensor_model_parallel_size"), Some(2));
         assert_eq!(arg_u32(&log, "world_size"), Some(16));
+        assert_eq!(arg_bool(&log, "bf16"), Some(true));
         assert_eq!(log.padded_vocab, Some(50432));
         assert_eq!(log.max_memory_bytes, Some(20480.0 * 1024.0 * 1024.0));
         assert_eq!(log.step_times(1, 0.0, 1), vec![1.2, 1.0]);

@@ -1,0 +1,180 @@
+//! Framework logs (Megatron-LM, Megatron-DeepSpeed, torchtitan) as measured runs for
+//! `calibrate --fit`: the step time from the log, the model and layout from the run file next to
+//! it (`export --format exatrain` writes one: `<log stem>.toml` or `run.toml` in the log's
+//! folder) or, for Megatron logs, from the argument dump they print; when both are there they
+//! must agree.
+
+use std::path::{Path, PathBuf};
+
+use exatrain_cost::fit::Measured;
+use exatrain_spec::{Dtype, ModelFile, ModelSpec, ParallelConfig, Recompute, SpecError};
+use exatrain_tune::logs::{self, arg_bool, arg_f64, arg_u32, FrameworkLog, LogFormat};
+
+/// Logged iterations skipped at the start (compilation, allocator and data-loader warm-up).
+pub const WARMUP: usize = 2;
+
+/// Is this file a framework log (by extension)?
+pub fn is_log(p: &Path) -> bool {
+    p.extension().is_some_and(|x| x == "log" || x == "out" || x == "txt")
+}
+
+#[derive(serde::Deserialize)]
+struct RunFile {
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    #[allow(dead_code)]
+    cluster: Option<String>,
+}
+
+/// The run file describing `log`, if any.
+fn sidecar(log: &Path) -> Option<PathBuf> {
+    let own = log.with_extension("toml");
+    let shared = log.parent().map(|d| d.join("run.toml"));
+    [Some(own), shared].into_iter().flatten().find(|p| p.is_file())
+}
+
+/// Model and layout from Megatron's argument dump.
+fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfig), SpecError> {
+    let need = |k: &str| {
+        arg_u32(log, k).ok_or_else(|| {
+            SpecError::new(format!(
+                "log {name}: no run file next to it (<name>.toml or run.toml, as `exatrain export --format exatrain` writes) and no `{k}` in a Megatron argument dump"
+            ))
+        })
+    };
+    let heads = need("num_attention_heads")?;
+    let kv = if arg_bool(log, "group_query_attention") == Some(true) {
+        arg_u32(log, "num_query_groups")
+    } else {
+        arg_u32(log, "num_key_value_heads")
+    };
+    let swiglu = arg_bool(log, "swiglu") == Some(true);
+    let rms = log.args.get("normalization").is_some_and(|v| v.eq_ignore_ascii_case("rmsnorm"));
+    let rope = log.args.get("position_embedding_type").is_some_and(|v| v == "rope")
+        || arg_bool(log, "use_rotary_position_embeddings") == Some(true);
+    let file = ModelFile {
+        name: Some(format!("{name} (from its log's arguments)")),
+        layers: Some(need("num_layers")?),
+        hidden: Some(need("hidden_size")?),
+        heads: Some(heads),
+        kv_heads: kv,
+        ffn_hidden: arg_u32(log, "ffn_hidden_size"),
+        seq_len: Some(need("seq_length")?),
+        vocab: log.padded_vocab.or(arg_u32(log, "padded_vocab_size")),
+        padded_vocab: log.padded_vocab,
+        tied_embeddings: arg_bool(log, "untie_embeddings_and_output_weights").map(|u| !u),
+        mlp: Some(if swiglu { exatrain_spec::Mlp::Swiglu } else { exatrain_spec::Mlp::Gelu }),
+        norm: Some(if rms { exatrain_spec::Norm::Rmsnorm } else { exatrain_spec::Norm::Layernorm }),
+        position: Some(if rope { exatrain_spec::Position::Rope } else { exatrain_spec::Position::Learned }),
+        bias: arg_bool(log, "add_bias_linear"),
+        dropout: arg_f64(log, "hidden_dropout").map(|p| p > 0.0),
+        rope_base: arg_f64(log, "rotary_base").or(arg_f64(log, "rope_theta")),
+        norm_eps: arg_f64(log, "norm_epsilon").or(arg_f64(log, "layernorm_epsilon")),
+        ..Default::default()
+    };
+    let model = file.resolve(name)?;
+    let tp = need("tensor_model_parallel_size")?;
+    let pp = need("pipeline_model_parallel_size")?;
+    let world = need("world_size")?;
+    let zero = match (arg_u32(log, "zero_stage"), arg_bool(log, "use_distributed_optimizer")) {
+        (Some(z), _) if arg_bool(log, "deepspeed") == Some(true) => z.min(3) as u8,
+        (_, Some(true)) => 1,
+        _ => 0,
+    };
+    let recompute = match log.args.get("recompute_granularity").map(String::as_str) {
+        Some("full") => Recompute::Full,
+        Some("selective") => Recompute::Selective,
+        _ => Recompute::None,
+    };
+    let cfg = ParallelConfig {
+        zero,
+        recompute,
+        sequence_parallel: arg_bool(log, "sequence_parallel") == Some(true),
+        flash_attention: log.args.get("attention_backend").is_some_and(|b| b.contains("flash"))
+            || arg_bool(log, "use_flash_attn_v2") == Some(true),
+        virtual_stages: arg_u32(log, "virtual_pipeline_model_parallel_size").unwrap_or(1),
+        dtype: if arg_bool(log, "bf16") == Some(true) { Dtype::Bf16 } else { Dtype::Fp32 },
+        ..ParallelConfig::new(tp, pp, world / (tp * pp).max(1), need("micro_batch_size")?, need("global_batch_size")?)
+    };
+    Ok((model, cfg))
+}
+
+/// The fields of the argument dump that must equal the run file's.
+fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfig) -> Result<(), SpecError> {
+    for (arg, want) in [
+        ("tensor_model_parallel_size", c.tp),
+        ("pipeline_model_parallel_size", c.pp),
+        ("world_size", c.gpus()),
+        ("micro_batch_size", c.micro_batch),
+        ("global_batch_size", c.global_batch),
+        ("num_layers", m.layers),
+        ("hidden_size", m.hidden),
+        ("seq_length", m.seq_len),
+    ] {
+        if let Some(got) = arg_u32(log, arg) {
+            if got != want {
+                return Err(SpecError::new(format!(
+                    "log {name}: ran with {arg} = {got}, but its run file says {want}: the log is not of the layout it is filed with"
+                )));
+            }
+        }
+    }
+    if let Some(gb) = log.iterations.iter().find_map(|i| i.global_batch) {
+        if gb != c.global_batch {
+            return Err(SpecError::new(format!(
+                "log {name}: its iterations have global batch size {gb}, its layout {}",
+                c.global_batch
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A log as a measured run (the median step time after [`WARMUP`] iterations).
+pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, FrameworkLog), SpecError> {
+    let name = path.file_stem().map_or("log".into(), |s| s.to_string_lossy().into_owned());
+    let text = std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("{}: {e}", path.display())))?;
+    let log = logs::parse(&text).map_err(|e| SpecError::new(format!("log {}: {e}", path.display())))?;
+    let (model, layout) = match sidecar(path) {
+        Some(f) => {
+            let t = std::fs::read_to_string(&f).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
+            let r: RunFile = toml::from_str(&t).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
+            check_agrees(&name, &log, &r.model, &r.parallel)?;
+            (r.model, r.parallel)
+        }
+        None if log.format != LogFormat::Torchtitan => from_args(&name, &log)?,
+        None => {
+            return Err(SpecError::new(format!(
+                "log {name}: a torchtitan log names no layout: put the run file (`exatrain export --format exatrain`) next to it as {}.toml or run.toml",
+                name
+            )))
+        }
+    };
+    layout
+        .check(&model, layout.gpus())
+        .map_err(|e| SpecError::new(format!("log {name}: {e}")))?;
+    if let Some(m) = model_filter {
+        if model.name != m {
+            return Err(SpecError::new(format!(
+                "log {name}: is a run of model `{}`, not `{m}` as --model says",
+                model.name
+            )));
+        }
+    }
+    let tokens = layout.global_batch as f64 * model.seq_len as f64;
+    let steps = log.step_times(WARMUP, tokens, layout.gpus());
+    if steps.is_empty() {
+        return Err(SpecError::new(format!("log {name}: no step times in its iteration lines")));
+    }
+    let step = logs::median(&steps);
+    Ok((
+        Measured {
+            name,
+            model,
+            layout,
+            time_s: Default::default(),
+            step_s: Some(step),
+        },
+        log,
+    ))
+}

@@ -1,0 +1,188 @@
+//! Framework logs as measurements, end to end: three short "runs" (logs in Megatron-LM's,
+//! Megatron-DeepSpeed's and torchtitan's formats, their step times 1.6× what the dgx-h100 preset
+//! predicts) → `calibrate --fit` → a cluster whose plans match the logs → `study` projects the
+//! training with it. And the bad inputs: an unknown format, a log whose layout disagrees with its
+//! run file, a torchtitan log with no layout.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn exatrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_exatrain")).args(args).output().expect("runs")
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("exatrain-logs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The planner's step time for a layout under `cluster`.
+fn step(cluster: &str, model: &str, layout: &[&str]) -> f64 {
+    let mut args = vec!["plan", "--json", "--model", model, "--cluster", cluster];
+    args.extend(layout);
+    let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&args))).unwrap();
+    v["step_time_s"].as_f64().unwrap()
+}
+
+const SLOW: f64 = 1.6;
+
+fn megatron_log(dir: &Path) -> PathBuf {
+    // Megatron-LM with its argument dump (no run file): llama2-7b, tp 2 × pp 2 × dp 4
+    let t = SLOW * step("dgx-h100", "llama2-7b", &["--gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64", "--zero", "1"]);
+    let mut s = String::from("------------------------ arguments ------------------------\n");
+    for (k, v) in [
+        ("add_bias_linear", "False"),
+        ("bf16", "True"),
+        ("ffn_hidden_size", "11008"),
+        ("global_batch_size", "64"),
+        ("hidden_dropout", "0.0"),
+        ("hidden_size", "4096"),
+        ("micro_batch_size", "1"),
+        ("normalization", "RMSNorm"),
+        ("num_attention_heads", "32"),
+        ("num_layers", "32"),
+        ("pipeline_model_parallel_size", "2"),
+        ("position_embedding_type", "rope"),
+        ("recompute_granularity", "selective"),
+        ("seq_length", "4096"),
+        ("swiglu", "True"),
+        ("tensor_model_parallel_size", "2"),
+        ("untie_embeddings_and_output_weights", "True"),
+        ("use_distributed_optimizer", "True"),
+        ("world_size", "16"),
+    ] {
+        s.push_str(&format!("  {k} {} {v}\n", ".".repeat(48 - k.len())));
+    }
+    s.push_str("-------------------- end of arguments ---------------------\n");
+    s.push_str(" > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)\n");
+    for i in 1..=6 {
+        let ms = if i == 1 { 30000.0 } else { t * 1000.0 * (1.0 + 0.002 * (i % 3) as f64) };
+        s.push_str(&format!(
+            " [2026-08-22 12:00:0{i}.000000] iteration {i:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {ms:.1} | throughput per GPU (TFLOP/s/GPU): 300.0 | learning rate: 1.000000E-04 | global batch size:    64 | lm loss: 9.000000E+00 |\n",
+            100,
+            64 * i
+        ));
+    }
+    let p = dir.join("megatron.log");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn with_run_file(dir: &Path, stem: &str, model: &str, layout: &[&str]) {
+    let mut args = vec!["export", "--format", "exatrain", "--model", model, "--cluster", "dgx-h100"];
+    args.extend(layout);
+    let out = dir.join(format!("{stem}-export"));
+    args.extend(["--out", out.to_str().unwrap()]);
+    ok(exatrain(&args));
+    std::fs::rename(out.join("run.toml"), dir.join(format!("{stem}.toml"))).unwrap();
+}
+
+fn deepspeed_log(dir: &Path) -> PathBuf {
+    let layout = ["--gpus", "32", "--tp", "8", "--pp", "1", "--dp", "4", "--global-batch", "128", "--zero", "1"];
+    with_run_file(dir, "deepspeed", "llama2-7b", &layout);
+    let t = SLOW * step("dgx-h100", "llama2-7b", &layout);
+    let mut s = String::new();
+    for i in 1..=5 {
+        s.push_str(&format!(
+            " iteration {i:8}/{:8} | consumed samples: {:12} | consumed tokens: {:12} | elapsed time per iteration (ms): {:.1} | learning rate: 1.000E-04 | global batch size:   128 | lm loss: 8.000000E+00 | loss scale: 1.0 | TFLOPs: 250.00 |\n",
+            100,
+            128 * i,
+            128 * 4096 * i,
+            t * 1000.0
+        ));
+    }
+    let p = dir.join("deepspeed.log");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn torchtitan_log(dir: &Path) -> PathBuf {
+    let layout = ["--gpus", "64", "--tp", "1", "--pp", "1", "--dp", "64", "--global-batch", "64", "--zero", "3", "--flash-attention", "--recompute", "full"];
+    with_run_file(dir, "titan", "llama3-8b", &layout);
+    let t = SLOW * step("dgx-h100", "llama3-8b", &layout);
+    let tps = 64.0 * 8192.0 / (t * 64.0);
+    let mut s = String::new();
+    for i in 1..=5 {
+        s.push_str(&format!(
+            "[titan] 2026-08-21 10:00:0{i},000 - root - INFO - \u{1b}[31mstep: {i:2}  \u{1b}[32mloss:  7.12345  \u{1b}[38;2;180;60;0mgrad_norm:  1.2345  \u{1b}[38;2;54;234;195mmemory: 60.00GiB(75.00%)  \u{1b}[34mtps: {}  \u{1b}[36mtflops: 400.00  \u{1b}[35mmfu: 40.00%\u{1b}[39m\n",
+            // torchtitan prints tokens/s rounded with thousands separators
+            format_thousands(tps.round() as u64)
+        ));
+    }
+    let p = dir.join("titan.log");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+fn format_thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[test]
+fn three_short_runs_fit_a_cluster_that_projects_the_training() {
+    let d = tmp("fit");
+    let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
+    let fitted = d.join("fitted.toml");
+    let mut args = vec!["calibrate", "--cluster", "dgx-h100", "--out", fitted.to_str().unwrap(), "--fit"];
+    args.extend(logs.iter().map(|p| p.to_str().unwrap()));
+    let text = ok(exatrain(&args));
+    assert!(text.contains("MegatronLm log") && text.contains("Torchtitan log"), "{text}");
+    // the fitted spec predicts each log's step time
+    for (model, layout) in [
+        ("llama2-7b", vec!["--gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64", "--zero", "1"]),
+        ("llama2-7b", vec!["--gpus", "32", "--tp", "8", "--pp", "1", "--dp", "4", "--global-batch", "128", "--zero", "1"]),
+    ] {
+        let base = step("dgx-h100", model, &layout);
+        let got = step(fitted.to_str().unwrap(), model, &layout);
+        assert!((got / (SLOW * base) - 1.0).abs() < 0.08, "{model} {layout:?}: {got} vs {}", SLOW * base);
+    }
+    // and projects the full training with it
+    let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
+        "study", "--model", "llama2-7b", "--cluster", fitted.to_str().unwrap(), "--nodes", "8", "--tokens", "2T", "--json",
+    ])))
+    .unwrap();
+    let base: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
+        "study", "--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "8", "--tokens", "2T", "--json",
+    ])))
+    .unwrap();
+    let days = |v: &serde_json::Value| v["models"][0]["rows"][0]["time_to_train"]["days"].as_f64().unwrap_or(f64::NAN);
+    let (f, b) = (days(&v), days(&base));
+    assert!(f > 1.3 * b && f < 2.0 * b, "fitted {f} days vs preset {b} days");
+}
+
+#[test]
+fn bad_logs_get_one_clear_line() {
+    let d = tmp("bad");
+    std::fs::write(d.join("noise.log"), "hello\nworld\n").unwrap();
+    let titan = torchtitan_log(&d);
+    std::fs::remove_file(d.join("titan.toml")).unwrap();
+    // a Megatron log whose argument dump disagrees with its run file
+    let meg = megatron_log(&d);
+    with_run_file(&d, "megatron", "llama2-7b", &["--gpus", "16", "--tp", "4", "--pp", "1", "--global-batch", "64"]);
+    for (file, want) in [
+        (d.join("noise.log"), "no iteration lines of a known format"),
+        (titan, "a torchtitan log names no layout"),
+        (meg, "ran with tensor_model_parallel_size = 2, but its run file says 4"),
+    ] {
+        let out = exatrain(&["calibrate", "--cluster", "dgx-h100", "--out", "/tmp/never.toml", "--fit", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(want), "{file:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
