@@ -4,7 +4,8 @@
 //!
 //! [`study`] is pure (no IO); the report and the files are written at the CLI's edge.
 
-pub mod export;
+/// Launch scripts: the `exatrain-export` crate.
+pub use exatrain_export as export;
 pub mod fidelity;
 pub mod report;
 pub mod ttt;

@@ -1,9 +1,9 @@
 //! Exports: golden files for a spread of layouts (checked against the frameworks' own parsers
-//! by `scripts/check-exports.py`; regenerate with `EXATRAIN_BLESS=1 cargo test -p exatrain-study
+//! by `scripts/check-exports.py`; regenerate with `EXATRAIN_BLESS=1 cargo test -p exatrain-export
 //! --test export` after such a check), and properties over many layouts.
 
 use exatrain_spec::{presets, Framework, ParallelConfig, Recompute, RankOrder};
-use exatrain_study::export::{export, shape, Format, Launcher};
+use exatrain_export::{export, shape, Format, Launcher};
 
 fn layout(tp: u32, pp: u32, dp: u32, mb: u32, gb: u32) -> ParallelConfig {
     ParallelConfig::new(tp, pp, dp, mb, gb)
@@ -66,7 +66,7 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, For
     ]
 }
 
-fn render(files: &[exatrain_study::export::File]) -> String {
+fn render(files: &[exatrain_export::File]) -> String {
     let mut s = String::new();
     for f in files {
         s.push_str(&format!("==== {} ====\n{}", f.name, f.contents));
@@ -157,7 +157,7 @@ fn check_job(
     cfg: &ParallelConfig,
     f: Framework,
     launcher: Launcher,
-    files: &[exatrain_study::export::File],
+    files: &[exatrain_export::File],
 ) {
     let main = &files[0].contents;
     let (nodes, per_node) = shape(cfg.gpus(), cl.node.devices);
