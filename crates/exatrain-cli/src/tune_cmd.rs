@@ -25,7 +25,7 @@ pub enum StrategyArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum EvaluatorArg {
     /// The cost model (instant; for exhaustive search, or to test the Bayesian search).
     Model,
@@ -34,6 +34,25 @@ pub enum EvaluatorArg {
     /// A short run of exatrain's own trainer per trial (--launcher, --trial-steps); the
     /// throughput is read from the run's --report.
     Train,
+    /// Megatron-LM: each trial is the exported job (`export --format megatron-lm`) run for
+    /// --trial-steps iterations; throughput and out-of-memory from its log.
+    MegatronLm,
+    /// Megatron-DeepSpeed, as megatron-lm.
+    MegatronDeepspeed,
+    /// torchtitan, as megatron-lm.
+    Torchtitan,
+}
+
+impl EvaluatorArg {
+    /// The framework a framework evaluator runs.
+    pub fn framework(self) -> Option<exatrain_spec::Framework> {
+        match self {
+            EvaluatorArg::MegatronLm => Some(exatrain_spec::Framework::MegatronLm),
+            EvaluatorArg::MegatronDeepspeed => Some(exatrain_spec::Framework::MegatronDeepspeed),
+            EvaluatorArg::Torchtitan => Some(exatrain_spec::Framework::Torchtitan),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -88,9 +107,14 @@ pub struct TuneArgs {
     /// --oversubscribe' (the trainer then runs with --mpi); empty: in-process ranks (--ranks {gpus}).
     #[arg(long, default_value = "")]
     pub launcher: String,
-    /// With --evaluator train: optimizer steps per trial (the first is warm-up, not timed).
-    #[arg(long, default_value_t = 3)]
-    pub trial_steps: u64,
+    /// With --evaluator train: optimizer steps per trial (the first is warm-up, not timed); with
+    /// a framework evaluator: iterations per trial (the first 2 are warm-up) [default: 3 / 10].
+    #[arg(long)]
+    pub trial_steps: Option<u64>,
+    /// With a framework evaluator: how each trial's job starts: torchrun (launch.sh, on this
+    /// node) or slurm (job.sbatch run with bash inside your allocation: srun places the ranks).
+    #[arg(long, default_value = "torchrun")]
+    pub job_launcher: String,
     /// With --strategy bayes: seed the search with the cost model on this cluster (a preset,
     /// or the file `exatrain calibrate --fit` wrote): the model's best layouts are the initial
     /// design, and the surrogate learns how far the measurements are from the model.
@@ -154,6 +178,8 @@ struct Meta {
     launcher: String,
     #[serde(default)]
     trial_steps: u64,
+    #[serde(default)]
+    job_launcher: String,
     #[serde(default)]
     prior: Option<ClusterSpec>,
     #[serde(default)]
@@ -373,6 +399,15 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     if a.evaluator == EvaluatorArg::Train {
         trainer_space(&mut s)?;
     }
+    if let Some(f) = a.evaluator.framework() {
+        if s.framework.is_some_and(|g| g != f) {
+            return Err(SpecError::new(format!(
+                "--framework {} and --evaluator {f} disagree",
+                s.framework.map_or("", |g| g.name())
+            )));
+        }
+        s.framework = Some(f);
+    }
     Ok(s)
 }
 
@@ -396,7 +431,7 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
     match a.strategy {
         StrategyArg::Exhaustive => {
             if a.evaluator != EvaluatorArg::Model {
-                return Err(SpecError::new("--strategy exhaustive runs on the cost model; use --strategy bayes or random with --evaluator command or train"));
+                return Err(SpecError::new("--strategy exhaustive runs on the cost model; use --strategy bayes or random with --evaluator command, train or a framework"));
             }
             exhaustive_cmd(&a, &model, &cluster, &gpu_list)
         }
@@ -421,7 +456,10 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                 metric_key: a.metric_key.clone(),
                 metric_regex: a.metric_regex.clone(),
                 launcher: a.launcher.clone(),
-                trial_steps: a.trial_steps,
+                trial_steps: a
+                    .trial_steps
+                    .unwrap_or(if a.evaluator.framework().is_some() { 10 } else { 3 }),
+                job_launcher: a.job_launcher.clone(),
                 prior: a.prior.as_deref().map(exatrain_spec::load::cluster).transpose()?,
                 no_trend: a.no_trend,
             };
@@ -434,6 +472,13 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                 return Err(SpecError::new(
                     "--no-trend sets the Bayesian surrogate's mean: use it with --strategy bayes",
                 ));
+            }
+            if let Some(f) = meta.evaluator.framework() {
+                if a.out.is_none() {
+                    return Err(SpecError::new(format!(
+                        "--evaluator {f} needs --out DIR (the trial jobs, their logs and the results store go there)"
+                    )));
+                }
             }
             if meta.evaluator == EvaluatorArg::Train {
                 if a.out.is_none() {
@@ -465,6 +510,9 @@ const MAX_PARALLEL_TRIALS: usize = 256;
 /// Every flag of a black-box search checked before its store is created, so a typo leaves no
 /// folder behind that would block both a rerun and `--resume`.
 fn preflight(meta: &Meta) -> Result<(), SpecError> {
+    if let Some(why) = space::why_empty(&meta.model, &meta.space) {
+        return Err(SpecError::new(why));
+    }
     if !(1..=MAX_BUDGET).contains(&meta.budget) {
         return Err(SpecError::new(format!(
             "--budget {}: must be in 1..={MAX_BUDGET}",
@@ -510,6 +558,17 @@ fn preflight(meta: &Meta) -> Result<(), SpecError> {
             }
         }
         EvaluatorArg::Model => {}
+        EvaluatorArg::MegatronLm | EvaluatorArg::MegatronDeepspeed | EvaluatorArg::Torchtitan => {
+            meta.job_launcher.parse::<exatrain_export::Launcher>()?;
+            if !(exatrain_tune::framework_eval::WARMUP as u64 + 1..=100_000).contains(&meta.trial_steps) {
+                return Err(SpecError::new(format!(
+                    "--trial-steps {}: must be in {}..=100000 (the first {} iterations are warm-up)",
+                    meta.trial_steps,
+                    exatrain_tune::framework_eval::WARMUP + 1,
+                    exatrain_tune::framework_eval::WARMUP
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -654,6 +713,7 @@ fn black_box_search(
     let space: Vec<ParallelConfig> = space::configs(model, s).collect();
     let cost = CostModel { model, cluster };
     let command;
+    let framework;
     let eval: &dyn Evaluator = match meta.evaluator {
         EvaluatorArg::Model => &cost,
         EvaluatorArg::Command => {
@@ -680,6 +740,19 @@ fn black_box_search(
             let (t, metric) = train_eval(meta, dir)?;
             command = CommandEval::new(&t, cluster.node.devices, Duration::from_secs_f64(meta.timeout), metric)?;
             &command
+        }
+        EvaluatorArg::MegatronLm | EvaluatorArg::MegatronDeepspeed | EvaluatorArg::Torchtitan => {
+            let dir = dir.ok_or_else(|| SpecError::new("a framework evaluator needs --out DIR"))?;
+            framework = exatrain_tune::framework_eval::FrameworkEval {
+                framework: meta.evaluator.framework().expect("framework evaluator"),
+                launcher: meta.job_launcher.parse()?,
+                model: model.clone(),
+                cluster: cluster.clone(),
+                dir: dir.join("trials"),
+                trial_steps: meta.trial_steps,
+                timeout: Duration::from_secs_f64(meta.timeout),
+            };
+            &framework
         }
     };
     let strategy = if meta.strategy == StrategyArg::Random {

@@ -186,3 +186,79 @@ fn bad_logs_get_one_clear_line() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+/// A stand-in for `torchrun … pretrain_gpt.py`: prints Megatron-LM iteration lines whose time
+/// depends on the layout in its flags, and Megatron's out-of-memory error for micro-batch ≥ 4.
+const FAKE_TORCHRUN: &str = r#"#!/bin/bash
+tp=1; pp=1; mb=1; iters=10
+while [ $# -gt 0 ]; do case "$1" in
+  --tensor-model-parallel-size) tp=$2; shift;;
+  --pipeline-model-parallel-size) pp=$2; shift;;
+  --micro-batch-size) mb=$2; shift;;
+  --train-iters) iters=$2; shift;;
+esac; shift; done
+if [ "$mb" -ge 4 ]; then echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1; fi
+ms=$(( 1000 + 300*tp + 200*pp + 50*mb ))
+for i in $(seq 1 $iters); do
+  echo " [2026-08-22 12:00:00.000000] iteration $i/$iters | consumed samples: 0 | elapsed time per iteration (ms): $ms.0 | throughput per GPU (TFLOP/s/GPU): 100.0 | learning rate: 1.0E-04 | global batch size:    32 | lm loss: 5.0 |"
+done
+"#;
+
+#[test]
+fn tune_over_a_framework_reads_its_logs() {
+    let d = tmp("tune");
+    let bin = d.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("torchrun");
+    std::fs::write(&fake, FAKE_TORCHRUN).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let out = d.join("search");
+    let o = Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .env("PATH", path)
+        .args([
+            "tune", "--model", "gpt-22b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "32",
+            "--strategy", "random", "--budget", "10", "--evaluator", "megatron-lm", "--trial-steps", "5",
+            "--out", out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trials: Vec<serde_json::Value> = std::fs::read_to_string(out.join("trials.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(trials.len(), 10);
+    let mut ok = 0;
+    for t in &trials {
+        let c = &t["config"];
+        let (tp, pp, mb) = (c["tp"].as_u64().unwrap(), c["pp"].as_u64().unwrap(), c["micro_batch"].as_u64().unwrap());
+        let dir = out.join("trials").join(format!("trial-{}", t["id"]));
+        assert!(dir.join("launch.sh").is_file() && dir.join("trial.log").is_file());
+        match t["outcome"]["status"].as_str().unwrap() {
+            "ok" => {
+                ok += 1;
+                let ms = (1000 + 300 * tp + 200 * pp + 50 * mb) as f64;
+                let want = 32.0 * 2048.0 / (ms / 1000.0);
+                let got = t["outcome"]["value"].as_f64().unwrap();
+                assert!((got / want - 1.0).abs() < 1e-9, "{c}: {got} vs {want}");
+            }
+            "out_of_memory" => assert!(mb >= 4, "{c}"),
+            s => panic!("trial {}: {s}: {}", t["id"], t["outcome"]),
+        }
+    }
+    assert!(ok > 0, "{trials:?}");
+    // every trial ran Megatron-LM's exported job, so every layout is one Megatron-LM can run
+    let o = Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(["tune", "--model", "gpt-22b", "--gpus", "8", "--strategy", "random", "--evaluator", "torchtitan", "--out"])
+        .arg(d.join("never"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("torchtitan can run none of the layouts"));
+    assert!(!d.join("never").exists(), "a refused search leaves no store behind");
+}

@@ -233,108 +233,128 @@ impl CommandEval {
 }
 
 /// "CUDA out of memory", "HIP out of memory", "OutOfMemoryError", or the word "OOM".
-fn looks_like_oom(s: &str) -> bool {
+pub fn looks_like_oom(s: &str) -> bool {
     let l = s.to_ascii_lowercase();
     l.contains("out of memory")
         || l.contains("outofmemory")
         || s.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "OOM")
 }
 
+/// How a shell command ended.
+pub enum Ran {
+    /// It exited: whether successfully, its exit code, stdout, stderr.
+    Exited { success: bool, code: Option<i32>, out: String, err: String },
+    /// It ran past the limit; its process group was killed.
+    TimedOut,
+    /// It could not start.
+    NotStarted(String),
+}
+
+/// Run `line` with `sh -c` in `cwd` with `env` added, in its own process group (killed as a
+/// whole on timeout, on the tuner's SIGINT/SIGTERM, and by the parent-death signal if the tuner
+/// dies), capturing its output.
+pub fn run_shell(line: &str, cwd: Option<&std::path::Path>, env: &[(String, String)], timeout: Duration) -> Ran {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(line)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(d) = cwd {
+        cmd.current_dir(d);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: between fork and exec only async-signal-safe calls: prctl and getppid.
+        // The trial gets SIGKILL when the tuner dies (even by kill -9); if the tuner is
+        // already gone, it does not start.
+        let parent = std::process::id() as libc::pid_t;
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Ran::NotStarted(format!("cannot start `{line}`: {e}")),
+    };
+    let _running = running::Running::add(child.id() as i32);
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break Some(st),
+            Ok(None) if start.elapsed() >= timeout => break None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Ran::NotStarted(format!("waiting for `{line}`: {e}")),
+        }
+    };
+    let Some(status) = status else {
+        // Kill the whole process group, so grandchildren release the pipes too.
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &format!("-{}", child.id())])
+            .status();
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = out_t.join();
+        let _ = err_t.join();
+        return Ran::TimedOut;
+    };
+    Ran::Exited {
+        success: status.success(),
+        code: status.code(),
+        out: out_t.join().unwrap_or_default(),
+        err: err_t.join().unwrap_or_default(),
+    }
+}
+
+/// The last lines of `text`, joined (what a failed trial reports).
+pub fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    v[v.len().saturating_sub(lines)..].join(" | ")
+}
+
 impl Evaluator for CommandEval {
     fn evaluate(&self, cfg: &ParallelConfig, trial: u64) -> Outcome {
         let line = self.render(cfg, trial);
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(&line)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        #[cfg(unix)]
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: between fork and exec only async-signal-safe calls: prctl and getppid.
-            // The trial gets SIGKILL when the tuner dies (even by kill -9); if the tuner is
-            // already gone, it does not start.
-            let parent = std::process::id() as libc::pid_t;
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    if libc::getppid() != parent {
-                        libc::_exit(1);
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                return Outcome::Failed {
-                    message: format!("cannot start `{line}`: {e}"),
+        let (success, code, out, err) = match run_shell(&line, None, &[], self.timeout) {
+            Ran::Exited { success, code, out, err } => (success, code, out, err),
+            Ran::TimedOut => {
+                return Outcome::Timeout {
+                    seconds: self.timeout.as_secs_f64(),
                 }
             }
+            Ran::NotStarted(message) => return Outcome::Failed { message },
         };
-        let _running = running::Running::add(child.id() as i32);
-        let mut so = child.stdout.take().expect("piped");
-        let mut se = child.stderr.take().expect("piped");
-        let out_t = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = so.read_to_string(&mut s);
-            s
-        });
-        let err_t = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = se.read_to_string(&mut s);
-            s
-        });
-        let start = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(st)) => break Some(st),
-                Ok(None) if start.elapsed() >= self.timeout => break None,
-                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => {
-                    return Outcome::Failed {
-                        message: format!("waiting for `{line}`: {e}"),
-                    }
-                }
-            }
-        };
-        let Some(status) = status else {
-            // Kill the whole process group, so grandchildren release the pipes too.
-            let _ = Command::new("kill")
-                .args(["-s", "KILL", "--", &format!("-{}", child.id())])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = out_t.join();
-            let _ = err_t.join();
-            return Outcome::Timeout {
-                seconds: self.timeout.as_secs_f64(),
-            };
-        };
-        let out = out_t.join().unwrap_or_default();
-        let err = err_t.join().unwrap_or_default();
         let all = format!("{out}\n{err}");
-        if !status.success() {
-            let tail: String = err
-                .lines()
-                .rev()
-                .take(3)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join(" | ");
+        if !success {
+            let tail = tail(&err, 3);
             if looks_like_oom(&all) {
                 return Outcome::OutOfMemory { message: tail };
             }
             return Outcome::Failed {
-                message: format!(
-                    "exit {}: {tail}",
-                    status.code().map_or("signal".into(), |c| c.to_string())
-                ),
+                message: format!("exit {}: {tail}", code.map_or("signal".into(), |c| c.to_string())),
             };
         }
         match self.parse(&all, cfg, trial) {

@@ -15,6 +15,7 @@ pub mod eval;
 pub mod exhaustive;
 pub mod fits;
 pub mod forest;
+pub mod framework_eval;
 pub mod gp;
 pub mod logs;
 pub mod space;
