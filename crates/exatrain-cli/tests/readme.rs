@@ -98,6 +98,11 @@ fn every_readme_example_runs_as_written() {
         "fidelity.html",
         "fitted.toml",
         "runs/tune/trials.jsonl",
+        "jobs/llama3-8b/launch.sh",
+        "jobs/175b-frontier/rank.sh",
+        "jobs/titan/exatrain_recipe.py",
+        "jobs/ds/ds_config.json",
+        "fitted-h100.toml",
     ] {
         assert!(work.join(f).exists(), "{f}");
     }
