@@ -10,7 +10,9 @@ use crate::reports;
 
 #[derive(Args)]
 pub struct FidelityArgs {
-    /// A folder of `exatrain train --report` JSON files (or one such file).
+    /// A folder of `exatrain train --report` JSON files or framework logs (Megatron-LM,
+    /// Megatron-DeepSpeed, torchtitan; .log/.out/.txt with their run file), or one such file.
+    /// Logs are compared on their step time and peak memory, predicted on --cluster.
     #[arg(long)]
     pub runs: PathBuf,
     /// Flag terms whose relative error exceeds this.
@@ -37,12 +39,36 @@ pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
         "a relative error ≥ 0 (0.1 = 10 %)",
     )?;
     let files = reports::files(&a.runs, "--runs")?;
-    let mut runs = reports::read(&files)?;
-    if let Some(c) = &a.cluster {
-        let cluster = exatrain_spec::load::cluster(c)?;
+    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) =
+        files.into_iter().partition(|f| crate::framework_logs::is_log(f));
+    let mut runs = reports::read(&jsons)?;
+    let cluster = a.cluster.as_deref().map(exatrain_spec::load::cluster).transpose()?;
+    if let Some(cluster) = &cluster {
         for (name, v) in &mut runs {
-            reports::replan(name, v, &cluster)?;
+            reports::replan(name, v, cluster)?;
         }
+    }
+    for f in &logs {
+        let cluster = cluster.as_ref().ok_or_else(|| {
+            SpecError::new(format!(
+                "--runs: {} is a framework log: say which machine it ran on with --cluster",
+                f.display()
+            ))
+        })?;
+        let (run, log) = crate::framework_logs::measured(f, None)?;
+        let p = exatrain_cost::plan(&run.model, cluster, &run.layout)
+            .map_err(|e| SpecError::new(format!("log {}: {e}", run.name)))?;
+        runs.push((
+            run.name.clone(),
+            serde_json::json!({
+                "framework_log": log.format,
+                "model": run.model.name,
+                "cluster": cluster.name,
+                "layout": run.layout,
+                "measured": { "step_s": run.step_s, "memory_peak_bytes": log.max_memory_bytes },
+                "planned": reports::planned(&p),
+            }),
+        ));
     }
     let fid = fidelity::compare(&runs, a.tolerance).map_err(SpecError::new)?;
     if let Some(out) = &a.out {

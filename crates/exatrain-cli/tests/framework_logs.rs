@@ -151,6 +151,20 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
         let got = step(fitted.to_str().unwrap(), model, &layout);
         assert!((got / (SLOW * base) - 1.0).abs() < 0.08, "{model} {layout:?}: {got} vs {}", SLOW * base);
     }
+    // fidelity compares each log's step with the fitted plan
+    let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
+        "fidelity", "--runs", d.to_str().unwrap(), "--cluster", fitted.to_str().unwrap(), "--json",
+    ])))
+    .unwrap();
+    let steps: Vec<f64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["term"] == "time.step")
+        .map(|r| r["rel_error"].as_f64().unwrap())
+        .collect();
+    assert_eq!(steps.len(), 3, "{v}");
+    assert!(steps.iter().all(|e| e.abs() < 0.08), "{steps:?}");
     // and projects the full training with it
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
         "study", "--model", "llama2-7b", "--cluster", fitted.to_str().unwrap(), "--nodes", "8", "--tokens", "2T", "--json",
