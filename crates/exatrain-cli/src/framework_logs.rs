@@ -133,12 +133,16 @@ fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfi
 /// A log as a measured run (the median step time after [`WARMUP`] iterations).
 pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, FrameworkLog), SpecError> {
     let name = path.file_stem().map_or("log".into(), |s| s.to_string_lossy().into_owned());
-    let text = std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("{}: {e}", path.display())))?;
+    let bytes = std::fs::read(path).map_err(|e| SpecError::new(format!("{}: {e}", path.display())))?;
+    let text = String::from_utf8_lossy(&bytes);
     let log = logs::parse(&text).map_err(|e| SpecError::new(format!("log {}: {e}", path.display())))?;
     let (model, layout) = match sidecar(path) {
         Some(f) => {
             let t = std::fs::read_to_string(&f).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
-            let r: RunFile = toml::from_str(&t).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
+            let r: RunFile = toml::from_str(&t).map_err(|e| {
+                let msg: Vec<String> = e.to_string().lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+                SpecError::new(format!("{}: not a run file (`export --format exatrain`): {}", f.display(), msg.join(" ")))
+            })?;
             check_agrees(&name, &log, &r.model, &r.parallel)?;
             (r.model, r.parallel)
         }

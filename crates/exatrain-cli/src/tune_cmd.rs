@@ -559,7 +559,12 @@ fn preflight(meta: &Meta) -> Result<(), SpecError> {
         }
         EvaluatorArg::Model => {}
         EvaluatorArg::MegatronLm | EvaluatorArg::MegatronDeepspeed | EvaluatorArg::Torchtitan => {
-            meta.job_launcher.parse::<exatrain_export::Launcher>()?;
+            meta.job_launcher.parse::<exatrain_export::Launcher>().map_err(|_| {
+                SpecError::new(format!(
+                    "--job-launcher {} is not known (allowed: torchrun, slurm)",
+                    meta.job_launcher
+                ))
+            })?;
             if !(exatrain_tune::framework_eval::WARMUP as u64 + 1..=100_000).contains(&meta.trial_steps) {
                 return Err(SpecError::new(format!(
                     "--trial-steps {}: must be in {}..=100000 (the first {} iterations are warm-up)",

@@ -212,6 +212,17 @@ fn bad_values_are_named_with_what_is_allowed() {
         (&["train", "--dp", "0"], "--dp"),
         (&["train", "--ranks", "100000"], "--ranks 100000"),
         (&["calibrate", "--ranks", "100000"], "--ranks 100000: must be in 1..=256"),
+        (&["export", "--launcher", "pbs"], "--launcher pbs is not known (allowed: torchrun, slurm)"),
+        (&["study", "--framework", "nemo"], "--framework nemo is not known (allowed: megatron-lm"),
+        (
+            &["tune", "--model", "gpt-22b", "--gpus", "8", "--strategy", "random", "--evaluator", "megatron-lm", "--out", "t", "--job-launcher", "pbs"],
+            "--job-launcher pbs is not known",
+        ),
+        (
+            &["tune", "--model", "llama3-8b", "--gpus", "8", "--strategy", "random", "--evaluator", "torchtitan", "--out", "t", "--trial-steps", "2"],
+            "--trial-steps 2: must be in 3..=100000",
+        ),
+        (&["plan", "--run", "v100.toml"], "--run v100.toml: not a run file"),
         (&["train", "--comm-timeout", "-5"], "--comm-timeout -5"),
         (&["train", "--steps", "-1"], "'--steps <STEPS>'"),
         (
