@@ -5,20 +5,10 @@
 use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, Recompute};
 
 use super::megatron_lm::rope_base;
-use super::{vocab_divisor, File, Job};
+use super::{megatron_shape_flags, megatron_tail_flags, megatron_training_flags, File, Job};
 
 fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
-    let mut f = vec![
-        format!("--num-layers {}", m.layers),
-        format!("--hidden-size {}", m.hidden),
-        format!("--num-attention-heads {}", m.heads),
-        format!("--ffn-hidden-size {}", m.ffn_hidden),
-        format!("--seq-length {}", m.seq_len),
-        format!("--max-position-embeddings {}", m.seq_len),
-    ];
-    if m.head_dim * m.heads != m.hidden {
-        f.push(format!("--kv-channels {}", m.head_dim));
-    }
+    let mut f = megatron_shape_flags(m);
     if m.kv_heads != m.heads {
         f.push(format!("--num-key-value-heads {}", m.kv_heads));
     }
@@ -35,20 +25,7 @@ fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
         f.push(format!("--rotary-position-embeddings-theta {}", rope_base(m)?));
         f.push("--no-position-embedding".into());
     }
-    if !m.tied_embeddings {
-        f.push("--untie-embeddings-and-output-weights".into());
-    }
-    if !m.bias {
-        f.push("--disable-bias-linear".into());
-    }
-    if !m.dropout {
-        f.push("--attention-dropout 0".into());
-        f.push("--hidden-dropout 0".into());
-    }
-    f.push(format!(
-        "--make-vocab-size-divisible-by {}",
-        vocab_divisor(m.vocab, m.padded_vocab, tp)?
-    ));
+    f.extend(megatron_tail_flags(m, tp)?);
     Ok(f)
 }
 
@@ -88,28 +65,7 @@ fn layout_flags(c: &ParallelConfig) -> Vec<String> {
 pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
     let mut flags = model_flags(m, c.tp)?;
     flags.extend(layout_flags(c));
-    flags.extend(
-        [
-            "--train-iters $TRAIN_ITERS",
-            "--lr $LR",
-            "--min-lr $MIN_LR",
-            "--lr-decay-style cosine",
-            "--lr-warmup-fraction 0.01",
-            "--weight-decay 0.1",
-            "--clip-grad 1.0",
-            "--adam-beta1 0.9",
-            "--adam-beta2 0.95",
-            "--init-method-std 0.02",
-            "--save $CKPT_DIR",
-            "--load $CKPT_DIR",
-            "--save-interval $SAVE_INTERVAL",
-            "--log-interval 1",
-            "--eval-interval $TRAIN_ITERS",
-            "--eval-iters 1",
-            "$DATA_ARGS",
-        ]
-        .map(String::from),
-    );
+    flags.extend(megatron_training_flags(&["$DATA_ARGS"]));
     let ds = serde_json::json!({
         "train_batch_size": c.global_batch,
         "train_micro_batch_size_per_gpu": c.micro_batch,

@@ -115,6 +115,70 @@ pub fn vocab_divisor(vocab: u32, padded: u32, tp: u32) -> Result<u32, String> {
         .ok_or_else(|| format!("no padding multiple turns vocab {vocab} into {padded} rows over tp {tp}"))
 }
 
+/// The flags Megatron-LM and Megatron-DeepSpeed spell alike, before the ones they spell
+/// differently: sizes, and the head width when it is not hidden / heads.
+fn megatron_shape_flags(m: &ModelSpec) -> Vec<String> {
+    let mut f = vec![
+        format!("--num-layers {}", m.layers),
+        format!("--hidden-size {}", m.hidden),
+        format!("--num-attention-heads {}", m.heads),
+        format!("--ffn-hidden-size {}", m.ffn_hidden),
+        format!("--seq-length {}", m.seq_len),
+        format!("--max-position-embeddings {}", m.seq_len),
+    ];
+    if m.head_dim * m.heads != m.hidden {
+        f.push(format!("--kv-channels {}", m.head_dim));
+    }
+    f
+}
+
+/// The flags both Megatrons spell alike, after the ones they spell differently: head tying,
+/// biases, dropout, and the vocabulary padding that gives the planned rows.
+fn megatron_tail_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
+    let mut f = Vec::new();
+    if !m.tied_embeddings {
+        f.push("--untie-embeddings-and-output-weights".into());
+    }
+    if !m.bias {
+        f.push("--disable-bias-linear".into());
+    }
+    if !m.dropout {
+        f.push("--attention-dropout 0".into());
+        f.push("--hidden-dropout 0".into());
+    }
+    f.push(format!(
+        "--make-vocab-size-divisible-by {}",
+        vocab_divisor(m.vocab, m.padded_vocab, tp)?
+    ));
+    Ok(f)
+}
+
+/// Training flags whose values are the script's placeholders (both Megatrons), then `extra`.
+fn megatron_training_flags(extra: &[&str]) -> Vec<String> {
+    [
+        "--train-iters $TRAIN_ITERS",
+        "--lr $LR",
+        "--min-lr $MIN_LR",
+        "--lr-decay-style cosine",
+        "--lr-warmup-fraction 0.01",
+        "--weight-decay 0.1",
+        "--clip-grad 1.0",
+        "--adam-beta1 0.9",
+        "--adam-beta2 0.95",
+        "--init-method-std 0.02",
+        "--save $CKPT_DIR",
+        "--load $CKPT_DIR",
+        "--save-interval $SAVE_INTERVAL",
+        "--log-interval 1",
+        "--eval-interval $TRAIN_ITERS",
+        "--eval-iters 1",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Export a layout.
 pub fn export(
     m: &ModelSpec,

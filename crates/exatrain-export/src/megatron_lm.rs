@@ -3,21 +3,11 @@
 
 use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, Recompute};
 
-use super::{vocab_divisor, Job};
+use super::{megatron_shape_flags, megatron_tail_flags, megatron_training_flags, Job};
 
 /// The model flags: everything Megatron needs to build exactly the planned model.
 fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
-    let mut f = vec![
-        format!("--num-layers {}", m.layers),
-        format!("--hidden-size {}", m.hidden),
-        format!("--num-attention-heads {}", m.heads),
-        format!("--ffn-hidden-size {}", m.ffn_hidden),
-        format!("--seq-length {}", m.seq_len),
-        format!("--max-position-embeddings {}", m.seq_len),
-    ];
-    if m.head_dim * m.heads != m.hidden {
-        f.push(format!("--kv-channels {}", m.head_dim));
-    }
+    let mut f = megatron_shape_flags(m);
     if m.kv_heads != m.heads {
         f.push("--group-query-attention".into());
         f.push(format!("--num-query-groups {}", m.kv_heads));
@@ -37,22 +27,7 @@ fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
         }
         Position::Learned => f.push("--position-embedding-type learned_absolute".into()),
     }
-    if !m.tied_embeddings {
-        f.push("--untie-embeddings-and-output-weights".into());
-    }
-    if !m.bias {
-        f.push("--disable-bias-linear".into());
-    }
-    if !m.dropout {
-        f.push("--attention-dropout 0".into());
-        f.push("--hidden-dropout 0".into());
-    }
-    // Megatron pads the tokenizer's vocabulary to a multiple of this × tp: pick the multiple that
-    // gives the planned rows
-    f.push(format!(
-        "--make-vocab-size-divisible-by {}",
-        vocab_divisor(m.vocab, m.padded_vocab, tp)?
-    ));
+    f.extend(megatron_tail_flags(m, tp)?);
     Ok(f)
 }
 
@@ -123,35 +98,10 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     f
 }
 
-/// Training flags whose values are the script's placeholders.
-fn training_flags() -> Vec<String> {
-    [
-        "--train-iters $TRAIN_ITERS",
-        "--lr $LR",
-        "--min-lr $MIN_LR",
-        "--lr-decay-style cosine",
-        "--lr-warmup-fraction 0.01",
-        "--weight-decay 0.1",
-        "--clip-grad 1.0",
-        "--adam-beta1 0.9",
-        "--adam-beta2 0.95",
-        "--init-method-std 0.02",
-        "--save $CKPT_DIR",
-        "--load $CKPT_DIR",
-        "--save-interval $SAVE_INTERVAL",
-        "--log-interval 1",
-        "--log-throughput",
-        "--eval-interval $TRAIN_ITERS",
-        "--eval-iters 1",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
     let mut flags = model_flags(m, c.tp)?;
     flags.extend(layout_flags(m, c));
-    flags.extend(training_flags());
+    flags.extend(megatron_training_flags(&["--log-throughput"]));
     flags.push("$DATA_ARGS".into());
     let mut env = Vec::new();
     if (c.tp > 1) && c.zero < 2 {

@@ -329,6 +329,19 @@ pub fn run_shell(line: &str, cwd: Option<&std::path::Path>, env: &[(String, Stri
     }
 }
 
+impl Ran {
+    /// (success, exit code, stdout, stderr), or the trial's outcome when it did not exit.
+    pub fn exited(self, timeout: Duration) -> Result<(bool, Option<i32>, String, String), Outcome> {
+        match self {
+            Ran::Exited { success, code, out, err } => Ok((success, code, out, err)),
+            Ran::TimedOut => Err(Outcome::Timeout {
+                seconds: timeout.as_secs_f64(),
+            }),
+            Ran::NotStarted(message) => Err(Outcome::Failed { message }),
+        }
+    }
+}
+
 /// The last lines of `text`, joined (what a failed trial reports).
 pub fn tail(text: &str, lines: usize) -> String {
     let v: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -338,14 +351,9 @@ pub fn tail(text: &str, lines: usize) -> String {
 impl Evaluator for CommandEval {
     fn evaluate(&self, cfg: &ParallelConfig, trial: u64) -> Outcome {
         let line = self.render(cfg, trial);
-        let (success, code, out, err) = match run_shell(&line, None, &[], self.timeout) {
-            Ran::Exited { success, code, out, err } => (success, code, out, err),
-            Ran::TimedOut => {
-                return Outcome::Timeout {
-                    seconds: self.timeout.as_secs_f64(),
-                }
-            }
-            Ran::NotStarted(message) => return Outcome::Failed { message },
+        let (success, code, out, err) = match run_shell(&line, None, &[], self.timeout).exited(self.timeout) {
+            Ok(r) => r,
+            Err(outcome) => return outcome,
         };
         let all = format!("{out}\n{err}");
         if !success {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use exatrain_export::{export, Format, Launcher};
 use exatrain_spec::{ClusterSpec, Framework, ModelSpec, ParallelConfig};
 
-use crate::eval::{looks_like_oom, run_shell, tail, Evaluator, Outcome, Ran};
+use crate::eval::{looks_like_oom, run_shell, tail, Evaluator, Outcome};
 use crate::logs;
 
 /// Logged iterations skipped before timing.
@@ -70,14 +70,10 @@ impl Evaluator for FrameworkEval {
             ("SAVE_INTERVAL".to_string(), (self.trial_steps + 1).to_string()),
             ("SLURM_SUBMIT_DIR".to_string(), dir.display().to_string()),
         ];
-        let (success, code, out, err) = match run_shell(&format!("bash {script}"), Some(&dir), &env, self.timeout) {
-            Ran::Exited { success, code, out, err } => (success, code, out, err),
-            Ran::TimedOut => {
-                return Outcome::Timeout {
-                    seconds: self.timeout.as_secs_f64(),
-                }
-            }
-            Ran::NotStarted(message) => return Outcome::Failed { message },
+        let ran = run_shell(&format!("bash {script}"), Some(&dir), &env, self.timeout);
+        let (success, code, out, err) = match ran.exited(self.timeout) {
+            Ok(r) => r,
+            Err(outcome) => return outcome,
         };
         let all = format!("{out}\n{err}");
         let _ = std::fs::write(dir.join("trial.log"), &all);
