@@ -60,6 +60,8 @@ LAYOUTS = [
     ("gpt-22b dp zero2 pp2", "gpt-22b", "frontier", "--gpus 128 --tp 2 --pp 2 --dp 32 --global-batch 256 --zero 2"),
     ("llama3-70b zero3 interleaved", "llama3-70b", "dgx-h100", "--gpus 128 --tp 4 --pp 4 --dp 8 --global-batch 256 --flash-attention --sequence-parallel --zero 3 --virtual-stages 2 --recompute full"),
     ("llama3-8b zero2 tp2", "llama3-8b", "frontier", "--gpus 32 --tp 2 --pp 1 --dp 16 --global-batch 128 --flash-attention --sequence-parallel --zero 2"),
+    ("llama3-405b pp16 uneven", "llama3-405b", "dgx-h100", "--gpus 2048 --tp 8 --pp 16 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
+    ("mlm21-1.7b pp5 first 8", "mlm21-1.7b", "frontier", "--gpus 20 --tp 2 --pp 5 --dp 2 --global-batch 40 --first-stage-layers 8 --zero 1"),
     ("mlm21-1.7b frontier 1 node", "mlm21-1.7b", "frontier", "--gpus 8 --tp 1 --pp 2 --dp 4 --global-batch 32 --zero 1 --flash-attention"),
 ]
 

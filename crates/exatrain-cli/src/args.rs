@@ -53,6 +53,14 @@ pub struct LayoutArgs {
     /// Model chunks per pipeline stage (interleaved 1F1B); 1 = plain 1F1B.
     #[arg(long, default_value_t = 1)]
     pub virtual_stages: u32,
+    /// Layers of the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); the
+    /// inner stages split the rest evenly. Default: --pp need not divide the layers, they are
+    /// spread as evenly as possible.
+    #[arg(long)]
+    pub first_stage_layers: Option<u32>,
+    /// Layers of the last pipeline stage (--decoder-last-pipeline-num-layers).
+    #[arg(long)]
+    pub last_stage_layers: Option<u32>,
     /// Use fused blockwise (flash) attention.
     #[arg(long)]
     pub flash_attention: bool,
@@ -95,6 +103,8 @@ impl LayoutArgs {
             dtype: self.dtype.parse::<Dtype>()?,
             overlap_dp: !self.no_overlap_dp,
             order: self.order.parse::<RankOrder>()?,
+            first_stage_layers: self.first_stage_layers,
+            last_stage_layers: self.last_stage_layers,
         };
         cfg.check(model, self.gpus)?;
         Ok(cfg)

@@ -113,6 +113,13 @@ pub struct TrainArgs {
     /// Model chunks per pipeline stage (interleaved 1F1B).
     #[arg(long, default_value_t = 1)]
     pub virtual_stages: u32,
+    /// Layers of the first pipeline stage (default: --pp need not divide the layers; they are
+    /// spread as evenly as possible, the inner stages equal).
+    #[arg(long)]
+    pub first_stage_layers: Option<u32>,
+    /// Layers of the last pipeline stage.
+    #[arg(long)]
+    pub last_stage_layers: Option<u32>,
     /// Pipeline schedule with one chunk per stage: 1f1b or gpipe.
     #[arg(long, default_value = "1f1b")]
     pub schedule: String,
@@ -156,6 +163,10 @@ pub struct RunLayout {
     pub recompute: String,
     pub sequence_parallel: bool,
     pub virtual_stages: u32,
+    #[serde(default)]
+    pub first_stage_layers: Option<u32>,
+    #[serde(default)]
+    pub last_stage_layers: Option<u32>,
     pub schedule: String,
     pub order: String,
     pub no_overlap_dp: bool,
@@ -173,6 +184,8 @@ impl RunLayout {
             recompute: a.recompute.clone(),
             sequence_parallel: a.sequence_parallel,
             virtual_stages: a.virtual_stages,
+            first_stage_layers: a.first_stage_layers,
+            last_stage_layers: a.last_stage_layers,
             schedule: a.schedule.clone(),
             order: a.order.clone(),
             no_overlap_dp: a.no_overlap_dp,
@@ -207,6 +220,8 @@ impl RunLayout {
             dtype: Dtype::Fp32,
             overlap_dp: !self.no_overlap_dp,
             order: self.order.parse::<RankOrder>()?,
+            first_stage_layers: self.first_stage_layers,
+            last_stage_layers: self.last_stage_layers,
         })
     }
 
@@ -394,6 +409,8 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
             "sequence_parallel"
         );
         keep_or_change!(given, c, layout.virtual_stages, a.virtual_stages, "virtual_stages");
+        keep_or_change!(given, c, layout.first_stage_layers, a.first_stage_layers, "first_stage_layers");
+        keep_or_change!(given, c, layout.last_stage_layers, a.last_stage_layers, "last_stage_layers");
         keep_or_change!(given, c, layout.schedule, a.schedule, "schedule");
         keep_or_change!(given, c, layout.order, a.order, "order");
         keep_or_change!(given, c, layout.no_overlap_dp, a.no_overlap_dp, "no_overlap_dp");

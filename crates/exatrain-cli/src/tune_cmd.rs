@@ -147,6 +147,10 @@ pub struct TuneArgs {
     /// that the best can be exported to it (`export --from tune.json --format NAME`).
     #[arg(long)]
     pub framework: Option<String>,
+    /// Also consider --pp sizes that do not divide the layers (stages spread as evenly as
+    /// possible: 126 layers on 16 stages as 7, 14 × 8, 7).
+    #[arg(long)]
+    pub uneven_stages: bool,
     /// Do not consider flash attention.
     #[arg(long)]
     pub no_flash: bool,
@@ -386,6 +390,7 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     })?;
     s.recompute = parse_list(&a.recompute, "recompute", |x| x.parse::<Recompute>())?;
     s.framework = a.framework.as_deref().map(str::parse).transpose()?;
+    s.uneven = a.uneven_stages;
     if a.default_order {
         s.orders = vec![RankOrder::default()];
     }

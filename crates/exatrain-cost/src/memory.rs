@@ -59,13 +59,16 @@ pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
     n.min(m * v) as f64
 }
 
-/// Parameters held by one device of a pipeline stage (before ZeRO sharding), split as
-/// (first stage, last stage) — the two stages with extra layers — for one TP rank.
-pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64) {
+/// Parameters held by one device of a pipeline stage (before ZeRO sharding) for one TP rank:
+/// (first stage, an inner stage, last stage). The first holds the embedding, the last the head;
+/// with uneven stages each holds its own number of layers. With one stage all three are equal.
+pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64, f64) {
     let t = p.tp as f64;
     let (bias_sharded, bias_replicated) = m.layer_bias_params();
     let block = (m.layer_matrix_params() + bias_sharded) as f64 / t + (bias_replicated + 2 * m.norm_params()) as f64;
-    let blocks = (m.layers / p.pp) as f64 * block;
+    let st = p
+        .stage_layers(m)
+        .unwrap_or(exatrain_spec::StageLayers { pp: p.pp, first: m.layers / p.pp.max(1), middle: m.layers / p.pp.max(1), last: m.layers / p.pp.max(1) });
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
     let pos = match m.position {
         Position::Learned => m.seq_len as f64 * m.hidden as f64,
@@ -76,9 +79,13 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64) {
     // copy of the embedding (Megatron), when tied and pp = 1 it is the same tensor.
     let head = if !m.tied_embeddings || p.pp > 1 { table } else { 0.0 };
     if p.pp == 1 {
-        let all = blocks + table + pos + head + norm;
-        (all, all)
+        let all = st.first as f64 * block + table + pos + head + norm;
+        (all, all, all)
     } else {
-        (blocks + table + pos, blocks + head + norm)
+        (
+            st.first as f64 * block + table + pos,
+            st.middle as f64 * block,
+            st.last as f64 * block + head + norm,
+        )
     }
 }

@@ -84,7 +84,10 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let mb = p.microbatches();
     let mbf = mb as f64;
     let (tp, pp, dp, v) = (p.tp, p.pp, p.dp, p.virtual_stages as f64);
-    let blocks = (m.layers / pp) as f64;
+    let st = p.stage_layers(m)?;
+    let (b_first, b_mid, b_last) = (st.first as f64, st.middle as f64, st.last as f64);
+    // the stage with the most layers (ZeRO-3 gathers, per-chunk activations)
+    let blocks = st.max() as f64;
     let tokens = p.micro_batch as f64 * m.seq_len as f64;
     let act_msg = tokens * m.hidden as f64 * e; // one full activation tensor
 
@@ -93,9 +96,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let emb = compute::embedding_train(m, p, &d);
     let head = compute::head_train(m, p, &d);
     let (first_c, last_c) = if pp == 1 {
-        (blocks * block + emb + head, blocks * block + emb + head)
+        (b_first * block + emb + head, b_first * block + emb + head)
     } else {
-        (blocks * block + emb, blocks * block + head)
+        (b_first * block + emb, b_last * block + head)
     };
     let tp_link = group_link(c, tp, p.stride(Dim::Tp));
     let per_pair = if p.sequence_parallel {
@@ -116,17 +119,22 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // The vocabulary-parallel embedding reduces its output; the head reduces its input gradient.
     let (first_tp, last_tp) = if pp == 1 {
         (
-            blocks * tp_block + 2.0 * per_pair + regather,
-            blocks * tp_block + 2.0 * per_pair + regather,
+            b_first * tp_block + 2.0 * per_pair + regather,
+            b_first * tp_block + 2.0 * per_pair + regather,
         )
     } else {
-        (blocks * tp_block + per_pair, blocks * tp_block + per_pair + regather)
+        (b_first * tp_block + per_pair, b_last * tp_block + per_pair + regather)
     };
-    let (stage_c, stage_tp) = if first_c + first_tp >= last_c + last_tp {
+    // the slowest stage sets the pace: the first, the last, or (uneven stages) an inner one
+    let mut slowest = if first_c + first_tp >= last_c + last_tp {
         (first_c, first_tp)
     } else {
         (last_c, last_tp)
     };
+    if pp > 2 && b_mid * (block + tp_block) > slowest.0 + slowest.1 {
+        slowest = (b_mid * block, b_mid * tp_block);
+    }
+    let (stage_c, stage_tp) = slowest;
     let nf = tp as f64;
     let ring = |k: f64| {
         if tp > 1 {
@@ -138,9 +146,16 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // A ring all-reduce sends 2(n-1)/n of the buffer; all-gather + reduce-scatter send the same.
     let sp_regather = if p.sequence_parallel { ring(1.0) } else { 0.0 };
     let tp_bytes_block = collectives * ring(2.0) + 2.0 * sp_regather;
-    // the busiest rank: the last stage (head: one pair and, with SP, one re-gather)
-    let ends = if pp == 1 { 2.0 * ring(2.0) } else { ring(2.0) };
-    let tp_bytes = mbf * (blocks * tp_bytes_block + ends + sp_regather);
+    // the busiest rank: the last stage (head: one pair and, with SP, one re-gather) unless
+    // uneven stages give another more layers
+    let tp_bytes = mbf
+        * if pp == 1 {
+            b_first * tp_bytes_block + 2.0 * ring(2.0) + sp_regather
+        } else {
+            (b_last * tp_bytes_block + ring(2.0) + sp_regather)
+                .max(b_first * tp_bytes_block + ring(2.0))
+                .max(if pp > 2 { b_mid * tp_bytes_block } else { 0.0 })
+        };
 
     // --- pipeline
     let (pp_comm, pp_bytes) = if pp > 1 {
@@ -158,8 +173,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp);
 
     // --- data parallel and the optimizer
-    let (first_p, last_p) = memory::stage_params(m, p);
-    let params_dev = first_p.max(last_p);
+    let (first_p, mid_p, last_p) = memory::stage_params(m, p);
+    let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
     let grad_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
     let bwd_mb = stage_c * 2.0 / 3.0; // the backward part of one microbatch
@@ -240,12 +255,13 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     } else {
         0.0
     };
-    let blocks_per_chunk = blocks / v;
+
     let sp = if p.sequence_parallel { tp as f64 } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
     let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0;
     let stage_memory = |params: f64, rank: u32, first: bool, last: bool| {
         let chunks = memory::chunks_in_flight(p, rank);
+        let blocks_per_chunk = st.of(rank) as f64 / v;
         let mut act = act_block * blocks_per_chunk * chunks + working;
         if first {
             act += tokens * m.hidden as f64 * mask / sp * chunks / v;
@@ -281,11 +297,19 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         first_mem
     } else {
         let last_mem = stage_memory(last_p, pp - 1, false, true);
-        if last_mem.total > first_mem.total {
+        let mut worst = if last_mem.total > first_mem.total {
             last_mem
         } else {
             first_mem
+        };
+        // uneven stages: the first inner stage (the most microbatches in flight after stage 0)
+        if pp > 2 && !st.even() {
+            let mid_mem = stage_memory(mid_p, 1, false, false);
+            if mid_mem.total > worst.total {
+                worst = mid_mem;
+            }
         }
+        worst
     };
     let capacity = c.capacity_bytes();
 

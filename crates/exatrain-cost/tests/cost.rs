@@ -412,3 +412,31 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
     assert!((by(Factor::Bandwidth).multiplier / 0.4 - 1.0).abs() < 0.1, "{f:?}");
     assert!(f.rms_log_error_after < 0.01 && f.rms_log_error_before > 0.1, "{f:?}");
 }
+
+/// Uneven stages: the slowest stage (8 layers of 126 on 16 stages) sets the pace, between the
+/// even splits of 112 (7 per stage) and 128 (8 per stage, plus the embedding on the first).
+#[test]
+fn uneven_stages_are_paced_by_the_largest() {
+    let base = presets::model("llama3-405b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let with = |layers: u32| exatrain_spec::ModelSpec { layers, ..base.clone() };
+    let l = ParallelConfig {
+        zero: 1,
+        flash_attention: true,
+        sequence_parallel: true,
+        recompute: exatrain_spec::Recompute::Full,
+        ..ParallelConfig::new(8, 16, 16, 1, 2048)
+    };
+    let p = |layers: u32| plan(&with(layers), &c, &l).unwrap();
+    let (p112, p126, p128) = (p(112), p(126), p(128));
+    assert!(p112.time_s.compute < p126.time_s.compute && p126.time_s.compute < p128.time_s.compute);
+    // 128 on 16: the last stage's 8 blocks + the head (~half a block for a 128k vocabulary over
+    // tp 8); 126 on 16: an inner stage's 8 blocks
+    let ratio = p126.time_s.compute / p128.time_s.compute;
+    assert!((0.9..0.99).contains(&ratio), "{ratio}");
+    assert!(p112.memory_bytes.total < p126.memory_bytes.total && p126.memory_bytes.total <= p128.memory_bytes.total);
+    // explicit sizes: a lighter first stage never makes the step slower
+    let light = ParallelConfig { first_stage_layers: Some(6), last_stage_layers: Some(8), ..l };
+    let q = plan(&with(126), &c, &light).unwrap();
+    assert!((q.time_s.compute - p126.time_s.compute).abs() < 1e-9 * p126.time_s.compute);
+}

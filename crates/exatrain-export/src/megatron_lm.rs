@@ -50,6 +50,12 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
             m.layers / (c.pp * c.virtual_stages)
         ));
     }
+    if let Ok(st) = c.stage_layers(m) {
+        if !st.even() {
+            f.push(format!("--decoder-first-pipeline-num-layers {}", st.first));
+            f.push(format!("--decoder-last-pipeline-num-layers {}", st.last));
+        }
+    }
     f.push(format!("--micro-batch-size {}", c.micro_batch));
     f.push(format!("--global-batch-size {}", c.global_batch));
     if c.sequence_parallel && c.tp > 1 {

@@ -56,6 +56,20 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, For
             Launcher::Slurm,
         ),
         (
+            "llama3-405b-h100-uneven-stages",
+            "llama3-405b",
+            "dgx-h100",
+            ParallelConfig {
+                zero: 1,
+                flash_attention: true,
+                sequence_parallel: true,
+                recompute: Recompute::Full,
+                ..layout(8, 16, 16, 1, 2048)
+            },
+            mlm,
+            Launcher::Torchrun,
+        ),
+        (
             "gpt-22b-h100-12gpus-tp-pp-dp",
             "gpt-22b",
             "dgx-h100",
@@ -108,7 +122,7 @@ fn every_export_launches_the_planned_ranks_or_is_refused_with_the_reason() {
         let m = presets::model(model).unwrap();
         for cluster in ["frontier", "dgx-h100", "perlmutter"] {
             let cl = presets::cluster(cluster).unwrap();
-            for (tp, pp, dp) in [(1, 1, 12), (2, 2, 3), (8, 4, 4), (4, 8, 2), (2, 1, 6)] {
+            for (tp, pp, dp) in [(1, 1, 12), (2, 2, 3), (8, 4, 4), (4, 8, 2), (2, 1, 6), (1, 7, 2), (2, 3, 2)] {
                 for zero in 0..=3u8 {
                     for order in [RankOrder::default(), "tp-pp-dp".parse().unwrap()] {
                         for virtual_stages in [1, 2] {
@@ -186,6 +200,11 @@ fn check_job(
             assert_eq!(flag(main, "--tensor-model-parallel-size"), Some(cfg.tp.to_string().as_str()));
             assert_eq!(flag(main, "--pipeline-model-parallel-size"), Some(cfg.pp.to_string().as_str()));
             assert_eq!(flag(main, "--global-batch-size"), Some(cfg.global_batch.to_string().as_str()));
+            let st = cfg.stage_layers(m).unwrap();
+            assert_eq!(
+                flag(main, "--decoder-first-pipeline-num-layers").map(|x| x.parse::<u32>().unwrap()),
+                (!st.even()).then_some(st.first)
+            );
             // asserted by Megatron-LM with tp > 1 (pre-Blackwell), forbidden with Megatron-FSDP
             assert_eq!(max_conn, cfg.tp > 1 && cfg.zero < 2, "{cfg:?}");
             let d: u32 = flag(main, "--make-vocab-size-divisible-by").unwrap().parse().unwrap();

@@ -44,6 +44,12 @@ pub enum Invalid {
     PpLayers {
         pp: u32,
         layers: u32,
+        first: Option<u32>,
+        last: Option<u32>,
+    },
+    InterleaveUneven {
+        pp: u32,
+        layers: u32,
     },
     VirtualStages {
         virtual_stages: u32,
@@ -83,9 +89,19 @@ impl fmt::Display for Invalid {
                 write!(f, "--tp {tp} does not divide {kv_heads} kv heads")
             }
             Invalid::TpFfn { tp, ffn } => write!(f, "--tp {tp} does not divide ffn_hidden {ffn}"),
-            Invalid::PpLayers { pp, layers } => write!(
+            Invalid::PpLayers { pp, layers, first: None, last: None } => write!(
                 f,
-                "--pp {pp} does not divide {layers} layers (stages must be even; allowed: divisors of {layers})"
+                "--pp {pp} is more than the {layers} layers (allowed: 1..={layers})"
+            ),
+            Invalid::PpLayers { pp, layers, first, last } => write!(
+                f,
+                "--first-stage-layers {} / --last-stage-layers {} leave no even split of {layers} layers over the other stages of --pp {pp} (each stage at least one layer; the inner stages equal)",
+                first.map_or("-".into(), |x| x.to_string()),
+                last.map_or("-".into(), |x| x.to_string())
+            ),
+            Invalid::InterleaveUneven { pp, layers } => write!(
+                f,
+                "--virtual-stages needs equal stages: --pp {pp} does not divide {layers} layers"
             ),
             Invalid::VirtualStages {
                 virtual_stages,

@@ -40,6 +40,15 @@ impl Framework {
     /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
         let default_order = RankOrder::default();
+        let uneven = c.stage_layers(m).is_ok_and(|s| !s.even());
+        if uneven && self != Framework::MegatronLm {
+            return Err(format!(
+                "uneven pipeline stages (--pp {} over {} layers) are exported for Megatron-LM only (--decoder-first/last-pipeline-num-layers); {} splits the layers its own way",
+                c.pp,
+                m.layers,
+                self.name()
+            ));
+        }
         match self {
             Framework::MegatronLm => {
                 // groups tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping

@@ -20,4 +20,4 @@ pub use cluster::{ClusterSpec, DeviceSpec, GemmEfficiency, LaunchSpec, LinkClass
 pub use error::{Invalid, SpecError};
 pub use framework::Framework;
 pub use model::{Mlp, ModelFile, ModelSpec, Norm, Position};
-pub use parallel::{Dim, Dtype, ParallelConfig, RankOrder, Recompute};
+pub use parallel::{Dim, Dtype, ParallelConfig, RankOrder, Recompute, StageLayers};

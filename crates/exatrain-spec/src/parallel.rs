@@ -218,6 +218,53 @@ pub struct ParallelConfig {
     pub overlap_dp: bool,
     #[serde(default)]
     pub order: RankOrder,
+    /// Transformer layers of the first pipeline stage (Megatron's
+    /// `--decoder-first-pipeline-num-layers`); default: the layers spread as evenly as possible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage_layers: Option<u32>,
+    /// Transformer layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage_layers: Option<u32>,
+}
+
+/// How the transformer layers are split over the pipeline stages: the first stage, each of the
+/// `pp - 2` inner stages (all equal, as in Megatron-LM), and the last stage. With one stage,
+/// `first` holds every layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageLayers {
+    pub pp: u32,
+    pub first: u32,
+    pub middle: u32,
+    pub last: u32,
+}
+
+impl StageLayers {
+    /// Layers of pipeline stage `s`.
+    pub fn of(&self, s: u32) -> u32 {
+        if self.pp == 1 || s == 0 {
+            self.first
+        } else if s == self.pp - 1 {
+            self.last
+        } else {
+            self.middle
+        }
+    }
+
+    /// The first layer of stage `s`, and one past its last.
+    pub fn range(&self, s: u32) -> std::ops::Range<u32> {
+        let start: u32 = (0..s).map(|i| self.of(i)).sum();
+        start..start + self.of(s)
+    }
+
+    /// The most layers any stage holds.
+    pub fn max(&self) -> u32 {
+        (0..self.pp).map(|s| self.of(s)).max().unwrap_or(0)
+    }
+
+    /// Every stage holds the same number of layers.
+    pub fn even(&self) -> bool {
+        (0..self.pp).all(|s| self.of(s) == self.first)
+    }
 }
 
 fn one() -> u32 {
@@ -244,6 +291,72 @@ impl ParallelConfig {
             dtype: Dtype::Bf16,
             overlap_dp: true,
             order: RankOrder::default(),
+            first_stage_layers: None,
+            last_stage_layers: None,
+        }
+    }
+
+    /// The layers of each pipeline stage: the explicit first/last sizes with the rest split
+    /// evenly over the inner stages, or by default the layers spread as evenly as possible
+    /// (126 layers on 16 stages: 7, 14 × 8, 7).
+    pub fn stage_layers(&self, model: &ModelSpec) -> Result<StageLayers, Invalid> {
+        let (l, pp) = (model.layers, self.pp);
+        let bad = Invalid::PpLayers {
+            pp,
+            layers: l,
+            first: self.first_stage_layers,
+            last: self.last_stage_layers,
+        };
+        if pp == 0 || pp > l {
+            return Err(bad);
+        }
+        if pp == 1 {
+            if self.first_stage_layers.is_some_and(|f| f != l) || self.last_stage_layers.is_some_and(|x| x != l) {
+                return Err(bad);
+            }
+            return Ok(StageLayers { pp, first: l, middle: l, last: l });
+        }
+        let split = |first: u32, last: u32| -> Option<StageLayers> {
+            let rest = l.checked_sub(first)?.checked_sub(last)?;
+            let inner = pp - 2;
+            let middle = if inner == 0 {
+                (rest == 0).then_some(0)?
+            } else {
+                (rest % inner == 0 && rest > 0).then_some(rest / inner)?
+            };
+            (first > 0 && last > 0).then_some(StageLayers { pp, first, middle, last })
+        };
+        match (self.first_stage_layers, self.last_stage_layers) {
+            (None, None) if l % pp == 0 => Ok(StageLayers {
+                pp,
+                first: l / pp,
+                middle: l / pp,
+                last: l / pp,
+            }),
+            (None, None) => {
+                // inner stages of ceil or floor(l / pp) layers, the rest shared by the two ends
+                let best = [l.div_ceil(pp), l / pp]
+                    .into_iter()
+                    .filter_map(|m| {
+                        let ends = l.checked_sub(m * (pp - 2))?;
+                        split(ends / 2, ends - ends / 2)
+                    })
+                    .min_by_key(|s| {
+                        let min = (0..pp).map(|i| s.of(i)).min().unwrap_or(0);
+                        (s.max(), s.max() - min)
+                    });
+                best.ok_or(bad)
+            }
+            (Some(f), Some(x)) => split(f, x).ok_or(bad),
+            (Some(f), None) => {
+                // the other stages share the rest evenly
+                let rest = l.checked_sub(f).ok_or(bad)?;
+                (rest % (pp - 1) == 0).then(|| split(f, rest / (pp - 1))).flatten().ok_or(bad)
+            }
+            (None, Some(x)) => {
+                let rest = l.checked_sub(x).ok_or(bad)?;
+                (rest % (pp - 1) == 0).then(|| split(rest / (pp - 1), x)).flatten().ok_or(bad)
+            }
         }
     }
 
@@ -300,17 +413,18 @@ impl ParallelConfig {
                 ffn: model.ffn_hidden,
             });
         }
-        if model.layers % self.pp != 0 {
-            return Err(Invalid::PpLayers {
-                pp: self.pp,
-                layers: model.layers,
-            });
-        }
+        let stages = self.stage_layers(model)?;
         if self.virtual_stages > 1 {
             if self.pp == 1 {
                 return Err(Invalid::VirtualNeedsPp);
             }
-            let per_stage = model.layers / self.pp;
+            if !stages.even() {
+                return Err(Invalid::InterleaveUneven {
+                    pp: self.pp,
+                    layers: model.layers,
+                });
+            }
+            let per_stage = stages.first;
             if per_stage % self.virtual_stages != 0 {
                 return Err(Invalid::VirtualStages {
                     virtual_stages: self.virtual_stages,

@@ -142,13 +142,35 @@ fn invalid_layouts_are_values_with_clear_messages() {
         ),
         (
             ParallelConfig {
-                pp: 7,
+                pp: 49,
                 dp: 1,
                 tp: 1,
                 ..base
             },
+            49,
+            "--pp 49 is more than the 48 layers (allowed: 1..=48)",
+        ),
+        (
+            ParallelConfig {
+                pp: 7,
+                dp: 1,
+                tp: 1,
+                first_stage_layers: Some(5),
+                ..base
+            },
             7,
-            "--pp 7 does not divide 48 layers",
+            "--first-stage-layers 5 / --last-stage-layers - leave no even split of 48 layers",
+        ),
+        (
+            ParallelConfig {
+                pp: 7,
+                dp: 1,
+                tp: 1,
+                virtual_stages: 2,
+                ..base
+            },
+            7,
+            "--virtual-stages needs equal stages: --pp 7 does not divide 48 layers",
         ),
         (base, 16, "does not equal --gpus 16"),
         (
@@ -241,4 +263,46 @@ fn rank_grid_round_trips_in_every_order() {
     assert_eq!("pp-dp-tp".parse::<RankOrder>().unwrap().to_string(), "pp-dp-tp");
     assert!("tp-tp-dp".parse::<RankOrder>().is_err());
     assert!("full".parse::<Recompute>().is_ok() && "some".parse::<Recompute>().is_err());
+}
+
+/// `--pp` need not divide the layers: by default they are spread as evenly as possible with
+/// equal inner stages (Megatron's form); explicit first/last sizes split the rest evenly.
+#[test]
+fn uneven_pipeline_stages() {
+    let split = |layers: u32, pp: u32, first: Option<u32>, last: Option<u32>| {
+        let m = exatrain_spec::ModelFile {
+            layers: Some(layers),
+            hidden: Some(64),
+            heads: Some(4),
+            seq_len: Some(32),
+            ..Default::default()
+        }
+        .resolve("m")
+        .unwrap();
+        let c = ParallelConfig {
+            first_stage_layers: first,
+            last_stage_layers: last,
+            ..ParallelConfig::new(1, pp, 1, 1, 8)
+        };
+        c.stage_layers(&m).map(|s| (0..pp).map(|i| s.of(i)).collect::<Vec<u32>>())
+    };
+    // Llama 3 405B on 16 stages, BLOOM's 70 layers on 12
+    assert_eq!(split(126, 16, None, None).unwrap(), [vec![7], vec![8; 14], vec![7]].concat());
+    assert_eq!(split(70, 12, None, None).unwrap(), [vec![5], vec![6; 10], vec![5]].concat());
+    assert_eq!(split(48, 8, None, None).unwrap(), vec![6; 8]);
+    assert_eq!(split(9, 8, None, None).unwrap().iter().max(), Some(&2));
+    assert_eq!(split(7, 2, None, None).unwrap(), vec![3, 4]);
+    assert_eq!(split(126, 16, Some(6), Some(8)).unwrap(), [vec![6], vec![8; 14], vec![8]].concat());
+    assert_eq!(split(50, 4, Some(2), None).unwrap(), vec![2, 16, 16, 16]);
+    assert_eq!(split(50, 4, None, Some(2)).unwrap(), vec![16, 16, 16, 2]);
+    for (l, pp) in [(126u32, 16u32), (70, 12), (9, 8), (100, 7), (31, 30), (5, 5)] {
+        let v = split(l, pp, None, None).unwrap();
+        assert_eq!(v.iter().sum::<u32>(), l);
+        assert!(v.iter().all(|x| *x >= 1));
+        assert!(v.iter().max().unwrap() - v.iter().min().unwrap() <= 2, "{l} on {pp}: {v:?}");
+    }
+    assert!(split(8, 9, None, None).is_err());
+    assert_eq!(split(48, 4, Some(10), Some(10)).unwrap(), vec![10, 14, 14, 10]);
+    assert!(split(48, 4, Some(10), Some(39)).is_err());
+    assert!(split(48, 5, Some(10), Some(10)).is_err(), "28 layers do not split over 3 stages");
 }

@@ -489,6 +489,8 @@ fn run(
     let (tp_i, dp_i, pp_i) = (tp_i as usize, dp_i as usize, pp_i as usize);
     let (pp, dp, v) = (pc.pp as usize, pc.dp as usize, pc.virtual_stages as usize);
     let stages = pp * v;
+    // uneven stages (plain 1F1B / GPipe only) as the planner splits them; interleaving is even
+    let split = pc.stage_layers(spec).map_err(|e| SpecError::new(e.to_string()))?;
     let per_stage = shape.layers / stages;
     let m = pc.microbatches() as usize;
     let kind = match (v, sched) {
@@ -521,8 +523,14 @@ fn run(
     let mut chunks: Vec<Chunk> = (0..v)
         .map(|c| {
             let stage = c * pp + pp_i;
+            let layers = if v == 1 {
+                let r = split.range(stage as u32);
+                r.start as usize..r.end as usize
+            } else {
+                stage * per_stage..(stage + 1) * per_stage
+            };
             let part = Part {
-                layers: stage * per_stage..(stage + 1) * per_stage,
+                layers,
                 embed: stage == 0,
                 head: stage == stages - 1,
                 tp: pc.tp as usize,

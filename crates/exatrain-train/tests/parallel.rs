@@ -536,3 +536,34 @@ fn a_failing_rank_stops_every_rank_with_its_message() {
         assert!(e.contains("no-such-data"), "rank {r}: {e}");
     }
 }
+
+/// Uneven pipeline stages (the planner's split of 8 layers over 3 stages: 2, 3, 3... or an
+/// explicit first/last size) train what one process trains, with tp and dp too.
+#[test]
+fn uneven_pipeline_stages_train_what_one_process_trains() {
+    let dir = tmp("uneven");
+    let data = dataset(&dir);
+    let want = reference(&dir, &data, 2, 16);
+    for (tp, pp, dp, first, last) in [
+        (1u32, 3u32, 1u32, None, None),
+        (2, 3, 1, None, None),
+        (1, 3, 2, Some(4), None),
+        (1, 5, 1, None, Some(4)),
+        (1, 2, 2, Some(3), Some(5)),
+    ] {
+        let pc = ParallelConfig {
+            first_stage_layers: first,
+            last_stage_layers: last,
+            zero: if dp > 1 { 1 } else { 0 },
+            ..layout(tp, pp, dp, 2, 16)
+        };
+        let split = pc.stage_layers(&spec()).unwrap();
+        assert!(!split.even(), "{pc:?}");
+        let name = format!("tp {tp} pp {pp} dp {dp} stages {:?}", (0..pp).map(|s| split.of(s)).collect::<Vec<_>>());
+        let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
+            .collect();
+        assert_matches(&name, &pc, &results, &want);
+    }
+}

@@ -37,6 +37,11 @@ pub struct SpaceSpec {
     /// always be exported to it.
     #[serde(default)]
     pub framework: Option<Framework>,
+    /// Also pipeline sizes that do not divide the layers (stages spread as evenly as possible,
+    /// [`ParallelConfig::stage_layers`]); off by default, as in Megatron-LM without explicit
+    /// first/last stage sizes.
+    #[serde(default)]
+    pub uneven: bool,
 }
 
 impl SpaceSpec {
@@ -57,6 +62,7 @@ impl SpaceSpec {
             overlap_dp: true,
             launchable: true,
             framework: None,
+            uneven: false,
         }
     }
 }
@@ -123,6 +129,8 @@ impl Options {
             dtype: s.dtype,
             overlap_dp: s.overlap_dp,
             order,
+            first_stage_layers: None,
+            last_stage_layers: None,
         }
     }
 }
@@ -153,7 +161,7 @@ pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Sh
         .filter(move |tp| *tp <= s.max_tp && m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
         .flat_map(move |tp| {
             divisors(gpus / tp)
-                .filter(move |pp| *pp <= s.max_pp && m.layers % pp == 0)
+                .filter(move |pp| *pp <= s.max_pp && (m.layers % pp == 0 || (s.uneven && *pp <= m.layers)))
                 .map(move |pp| (tp, pp, gpus / tp / pp))
         })
         .flat_map(move |(tp, pp, dp)| {
@@ -206,7 +214,7 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     };
     let per_stage = m.layers / pp;
     let microbatches = global_batch / (micro_batch * dp);
-    let virtual_stages: Vec<u32> = if pp == 1 || !s.interleave || microbatches % pp != 0 {
+    let virtual_stages: Vec<u32> = if pp == 1 || !s.interleave || microbatches % pp != 0 || m.layers % pp != 0 {
         vec![1]
     } else {
         divisors(per_stage).collect()
