@@ -63,8 +63,7 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
     for f in &a.fit {
         files.extend(reports::files(f, "--fit")?);
     }
-    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) =
-        files.into_iter().partition(|f| crate::framework_logs::is_log(f));
+    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|f| crate::framework_logs::is_log(f));
     let mut runs = reports::read(&jsons)?
         .iter()
         .map(|(name, v)| reports::measured(name, v, a.model.as_deref()))
@@ -102,11 +101,14 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
             if f.fitted {
                 format!("{name} ×{:.3}", f.multiplier)
             } else {
-                format!("{name} kept ({})", if only_steps {
-                    "step times alone cannot tell it from compute and bandwidth"
-                } else {
-                    "no measured term depends on it"
-                })
+                format!(
+                    "{name} kept ({})",
+                    if only_steps {
+                        "step times alone cannot tell it from compute and bandwidth"
+                    } else {
+                        "no measured term depends on it"
+                    }
+                )
             }
         })
         .collect();

@@ -49,7 +49,10 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         arg_u32(log, "num_key_value_heads")
     };
     let swiglu = arg_bool(log, "swiglu") == Some(true);
-    let rms = log.args.get("normalization").is_some_and(|v| v.eq_ignore_ascii_case("rmsnorm"));
+    let rms = log
+        .args
+        .get("normalization")
+        .is_some_and(|v| v.eq_ignore_ascii_case("rmsnorm"));
     let rope = log.args.get("position_embedding_type").is_some_and(|v| v == "rope")
         || arg_bool(log, "use_rotary_position_embeddings") == Some(true);
     let file = ModelFile {
@@ -63,9 +66,21 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         vocab: log.padded_vocab.or(arg_u32(log, "padded_vocab_size")),
         padded_vocab: log.padded_vocab,
         tied_embeddings: arg_bool(log, "untie_embeddings_and_output_weights").map(|u| !u),
-        mlp: Some(if swiglu { exatrain_spec::Mlp::Swiglu } else { exatrain_spec::Mlp::Gelu }),
-        norm: Some(if rms { exatrain_spec::Norm::Rmsnorm } else { exatrain_spec::Norm::Layernorm }),
-        position: Some(if rope { exatrain_spec::Position::Rope } else { exatrain_spec::Position::Learned }),
+        mlp: Some(if swiglu {
+            exatrain_spec::Mlp::Swiglu
+        } else {
+            exatrain_spec::Mlp::Gelu
+        }),
+        norm: Some(if rms {
+            exatrain_spec::Norm::Rmsnorm
+        } else {
+            exatrain_spec::Norm::Layernorm
+        }),
+        position: Some(if rope {
+            exatrain_spec::Position::Rope
+        } else {
+            exatrain_spec::Position::Learned
+        }),
         bias: arg_bool(log, "add_bias_linear"),
         dropout: arg_f64(log, "hidden_dropout").map(|p| p > 0.0),
         rope_base: arg_f64(log, "rotary_base").or(arg_f64(log, "rope_theta")),
@@ -93,8 +108,18 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         flash_attention: log.args.get("attention_backend").is_some_and(|b| b.contains("flash"))
             || arg_bool(log, "use_flash_attn_v2") == Some(true),
         virtual_stages: arg_u32(log, "virtual_pipeline_model_parallel_size").unwrap_or(1),
-        dtype: if arg_bool(log, "bf16") == Some(true) { Dtype::Bf16 } else { Dtype::Fp32 },
-        ..ParallelConfig::new(tp, pp, world / (tp * pp).max(1), need("micro_batch_size")?, need("global_batch_size")?)
+        dtype: if arg_bool(log, "bf16") == Some(true) {
+            Dtype::Bf16
+        } else {
+            Dtype::Fp32
+        },
+        ..ParallelConfig::new(
+            tp,
+            pp,
+            world / (tp * pp).max(1),
+            need("micro_batch_size")?,
+            need("global_batch_size")?,
+        )
     };
     Ok((model, cfg))
 }
@@ -132,7 +157,9 @@ fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfi
 
 /// A log as a measured run (the median step time after [`WARMUP`] iterations).
 pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, FrameworkLog), SpecError> {
-    let name = path.file_stem().map_or("log".into(), |s| s.to_string_lossy().into_owned());
+    let name = path
+        .file_stem()
+        .map_or("log".into(), |s| s.to_string_lossy().into_owned());
     let bytes = std::fs::read(path).map_err(|e| SpecError::new(format!("{}: {e}", path.display())))?;
     let text = String::from_utf8_lossy(&bytes);
     let log = logs::parse(&text).map_err(|e| SpecError::new(format!("log {}: {e}", path.display())))?;
@@ -168,7 +195,9 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
     let tokens = layout.global_batch as f64 * model.seq_len as f64;
     let steps = log.step_times(WARMUP, tokens, layout.gpus());
     if steps.is_empty() {
-        return Err(SpecError::new(format!("log {name}: no step times in its iteration lines")));
+        return Err(SpecError::new(format!(
+            "log {name}: no step times in its iteration lines"
+        )));
     }
     let step = logs::median(&steps);
     Ok((

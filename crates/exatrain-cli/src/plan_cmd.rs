@@ -35,11 +35,19 @@ pub fn run(a: PlanArgs) -> Result<(), SpecError> {
     let (model, cluster, cfg) = match &a.run {
         Some(path) => {
             let at = path.display();
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| SpecError::new(format!("--run {at}: cannot read: {e}")))?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--run {at}: cannot read: {e}")))?;
             let r: RunFile = toml::from_str(&text).map_err(|e| {
-                let msg: Vec<String> = e.to_string().lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
-                SpecError::new(format!("--run {at}: not a run file (`export --format exatrain`): {}", msg.join(" ")))
+                let msg: Vec<String> = e
+                    .to_string()
+                    .lines()
+                    .map(|l| l.trim().to_string())
+                    .filter(|l| !l.is_empty())
+                    .collect();
+                SpecError::new(format!(
+                    "--run {at}: not a run file (`export --format exatrain`): {}",
+                    msg.join(" ")
+                ))
             })?;
             let cluster = exatrain_spec::load::cluster(&r.cluster)?;
             (r.model, cluster, r.parallel)

@@ -409,8 +409,20 @@ fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Result<Run, Sp
             "sequence_parallel"
         );
         keep_or_change!(given, c, layout.virtual_stages, a.virtual_stages, "virtual_stages");
-        keep_or_change!(given, c, layout.first_stage_layers, a.first_stage_layers, "first_stage_layers");
-        keep_or_change!(given, c, layout.last_stage_layers, a.last_stage_layers, "last_stage_layers");
+        keep_or_change!(
+            given,
+            c,
+            layout.first_stage_layers,
+            a.first_stage_layers,
+            "first_stage_layers"
+        );
+        keep_or_change!(
+            given,
+            c,
+            layout.last_stage_layers,
+            a.last_stage_layers,
+            "last_stage_layers"
+        );
         keep_or_change!(given, c, layout.schedule, a.schedule, "schedule");
         keep_or_change!(given, c, layout.order, a.order, "order");
         keep_or_change!(given, c, layout.no_overlap_dp, a.no_overlap_dp, "no_overlap_dp");

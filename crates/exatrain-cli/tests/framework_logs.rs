@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain")).args(args).output().expect("runs")
+    Command::new(env!("CARGO_BIN_EXE_exatrain"))
+        .args(args)
+        .output()
+        .expect("runs")
 }
 
 fn ok(o: Output) -> String {
@@ -35,7 +38,23 @@ const SLOW: f64 = 1.6;
 
 fn megatron_log(dir: &Path) -> PathBuf {
     // Megatron-LM with its argument dump (no run file): llama2-7b, tp 2 × pp 2 × dp 4
-    let t = SLOW * step("dgx-h100", "llama2-7b", &["--gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64", "--zero", "1"]);
+    let t = SLOW
+        * step(
+            "dgx-h100",
+            "llama2-7b",
+            &[
+                "--gpus",
+                "16",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--global-batch",
+                "64",
+                "--zero",
+                "1",
+            ],
+        );
     let mut s = String::from("------------------------ arguments ------------------------\n");
     for (k, v) in [
         ("add_bias_linear", "False"),
@@ -63,7 +82,11 @@ fn megatron_log(dir: &Path) -> PathBuf {
     s.push_str("-------------------- end of arguments ---------------------\n");
     s.push_str(" > padded vocab (size: 32000) with 0 dummy tokens (new size: 32000)\n");
     for i in 1..=6 {
-        let ms = if i == 1 { 30000.0 } else { t * 1000.0 * (1.0 + 0.002 * (i % 3) as f64) };
+        let ms = if i == 1 {
+            30000.0
+        } else {
+            t * 1000.0 * (1.0 + 0.002 * (i % 3) as f64)
+        };
         s.push_str(&format!(
             " [2026-08-22 12:00:0{i}.000000] iteration {i:8}/{:8} | consumed samples: {:12} | elapsed time per iteration (ms): {ms:.1} | throughput per GPU (TFLOP/s/GPU): 300.0 | learning rate: 1.000000E-04 | global batch size:    64 | lm loss: 9.000000E+00 |\n",
             100,
@@ -76,7 +99,15 @@ fn megatron_log(dir: &Path) -> PathBuf {
 }
 
 fn with_run_file(dir: &Path, stem: &str, model: &str, layout: &[&str]) {
-    let mut args = vec!["export", "--format", "exatrain", "--model", model, "--cluster", "dgx-h100"];
+    let mut args = vec![
+        "export",
+        "--format",
+        "exatrain",
+        "--model",
+        model,
+        "--cluster",
+        "dgx-h100",
+    ];
     args.extend(layout);
     let out = dir.join(format!("{stem}-export"));
     args.extend(["--out", out.to_str().unwrap()]);
@@ -85,7 +116,20 @@ fn with_run_file(dir: &Path, stem: &str, model: &str, layout: &[&str]) {
 }
 
 fn deepspeed_log(dir: &Path) -> PathBuf {
-    let layout = ["--gpus", "32", "--tp", "8", "--pp", "1", "--dp", "4", "--global-batch", "128", "--zero", "1"];
+    let layout = [
+        "--gpus",
+        "32",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--dp",
+        "4",
+        "--global-batch",
+        "128",
+        "--zero",
+        "1",
+    ];
     with_run_file(dir, "deepspeed", "llama2-7b", &layout);
     let t = SLOW * step("dgx-h100", "llama2-7b", &layout);
     let mut s = String::new();
@@ -104,7 +148,23 @@ fn deepspeed_log(dir: &Path) -> PathBuf {
 }
 
 fn torchtitan_log(dir: &Path) -> PathBuf {
-    let layout = ["--gpus", "64", "--tp", "1", "--pp", "1", "--dp", "64", "--global-batch", "64", "--zero", "3", "--flash-attention", "--recompute", "full"];
+    let layout = [
+        "--gpus",
+        "64",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "64",
+        "--global-batch",
+        "64",
+        "--zero",
+        "3",
+        "--flash-attention",
+        "--recompute",
+        "full",
+    ];
     with_run_file(dir, "titan", "llama3-8b", &layout);
     let t = SLOW * step("dgx-h100", "llama3-8b", &layout);
     let tps = 64.0 * 8192.0 / (t * 64.0);
@@ -138,22 +198,71 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     let d = tmp("fit");
     let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
     let fitted = d.join("fitted.toml");
-    let mut args = vec!["calibrate", "--cluster", "dgx-h100", "--out", fitted.to_str().unwrap(), "--fit"];
+    let mut args = vec![
+        "calibrate",
+        "--cluster",
+        "dgx-h100",
+        "--out",
+        fitted.to_str().unwrap(),
+        "--fit",
+    ];
     args.extend(logs.iter().map(|p| p.to_str().unwrap()));
     let text = ok(exatrain(&args));
-    assert!(text.contains("MegatronLm log") && text.contains("Torchtitan log"), "{text}");
+    assert!(
+        text.contains("MegatronLm log") && text.contains("Torchtitan log"),
+        "{text}"
+    );
     // the fitted spec predicts each log's step time
     for (model, layout) in [
-        ("llama2-7b", vec!["--gpus", "16", "--tp", "2", "--pp", "2", "--global-batch", "64", "--zero", "1"]),
-        ("llama2-7b", vec!["--gpus", "32", "--tp", "8", "--pp", "1", "--dp", "4", "--global-batch", "128", "--zero", "1"]),
+        (
+            "llama2-7b",
+            vec![
+                "--gpus",
+                "16",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+                "--global-batch",
+                "64",
+                "--zero",
+                "1",
+            ],
+        ),
+        (
+            "llama2-7b",
+            vec![
+                "--gpus",
+                "32",
+                "--tp",
+                "8",
+                "--pp",
+                "1",
+                "--dp",
+                "4",
+                "--global-batch",
+                "128",
+                "--zero",
+                "1",
+            ],
+        ),
     ] {
         let base = step("dgx-h100", model, &layout);
         let got = step(fitted.to_str().unwrap(), model, &layout);
-        assert!((got / (SLOW * base) - 1.0).abs() < 0.08, "{model} {layout:?}: {got} vs {}", SLOW * base);
+        assert!(
+            (got / (SLOW * base) - 1.0).abs() < 0.08,
+            "{model} {layout:?}: {got} vs {}",
+            SLOW * base
+        );
     }
     // fidelity compares each log's step with the fitted plan
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
-        "fidelity", "--runs", d.to_str().unwrap(), "--cluster", fitted.to_str().unwrap(), "--json",
+        "fidelity",
+        "--runs",
+        d.to_str().unwrap(),
+        "--cluster",
+        fitted.to_str().unwrap(),
+        "--json",
     ])))
     .unwrap();
     let steps: Vec<f64> = v["rows"]
@@ -167,14 +276,36 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     assert!(steps.iter().all(|e| e.abs() < 0.08), "{steps:?}");
     // and projects the full training with it
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
-        "study", "--model", "llama2-7b", "--cluster", fitted.to_str().unwrap(), "--nodes", "8", "--tokens", "2T", "--json",
+        "study",
+        "--model",
+        "llama2-7b",
+        "--cluster",
+        fitted.to_str().unwrap(),
+        "--nodes",
+        "8",
+        "--tokens",
+        "2T",
+        "--json",
     ])))
     .unwrap();
     let base: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
-        "study", "--model", "llama2-7b", "--cluster", "dgx-h100", "--nodes", "8", "--tokens", "2T", "--json",
+        "study",
+        "--model",
+        "llama2-7b",
+        "--cluster",
+        "dgx-h100",
+        "--nodes",
+        "8",
+        "--tokens",
+        "2T",
+        "--json",
     ])))
     .unwrap();
-    let days = |v: &serde_json::Value| v["models"][0]["rows"][0]["time_to_train"]["days"].as_f64().unwrap_or(f64::NAN);
+    let days = |v: &serde_json::Value| {
+        v["models"][0]["rows"][0]["time_to_train"]["days"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+    };
     let (f, b) = (days(&v), days(&base));
     assert!(f > 1.3 * b && f < 2.0 * b, "fitted {f} days vs preset {b} days");
 }
@@ -187,13 +318,26 @@ fn bad_logs_get_one_clear_line() {
     std::fs::remove_file(d.join("titan.toml")).unwrap();
     // a Megatron log whose argument dump disagrees with its run file
     let meg = megatron_log(&d);
-    with_run_file(&d, "megatron", "llama2-7b", &["--gpus", "16", "--tp", "4", "--pp", "1", "--global-batch", "64"]);
+    with_run_file(
+        &d,
+        "megatron",
+        "llama2-7b",
+        &["--gpus", "16", "--tp", "4", "--pp", "1", "--global-batch", "64"],
+    );
     for (file, want) in [
         (d.join("noise.log"), "no iteration lines of a known format"),
         (titan, "a torchtitan log names no layout"),
         (meg, "ran with tensor_model_parallel_size = 2, but its run file says 4"),
     ] {
-        let out = exatrain(&["calibrate", "--cluster", "dgx-h100", "--out", "/tmp/never.toml", "--fit", file.to_str().unwrap()]);
+        let out = exatrain(&[
+            "calibrate",
+            "--cluster",
+            "dgx-h100",
+            "--out",
+            "/tmp/never.toml",
+            "--fit",
+            file.to_str().unwrap(),
+        ]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(want), "{file:?}: {err}");
@@ -234,9 +378,25 @@ fn tune_over_a_framework_reads_its_logs() {
     let o = Command::new(env!("CARGO_BIN_EXE_exatrain"))
         .env("PATH", path)
         .args([
-            "tune", "--model", "gpt-22b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "32",
-            "--strategy", "random", "--budget", "10", "--evaluator", "megatron-lm", "--trial-steps", "5",
-            "--out", out.to_str().unwrap(),
+            "tune",
+            "--model",
+            "gpt-22b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "32",
+            "--strategy",
+            "random",
+            "--budget",
+            "10",
+            "--evaluator",
+            "megatron-lm",
+            "--trial-steps",
+            "5",
+            "--out",
+            out.to_str().unwrap(),
         ])
         .output()
         .unwrap();
@@ -250,7 +410,11 @@ fn tune_over_a_framework_reads_its_logs() {
     let mut ok = 0;
     for t in &trials {
         let c = &t["config"];
-        let (tp, pp, mb) = (c["tp"].as_u64().unwrap(), c["pp"].as_u64().unwrap(), c["micro_batch"].as_u64().unwrap());
+        let (tp, pp, mb) = (
+            c["tp"].as_u64().unwrap(),
+            c["pp"].as_u64().unwrap(),
+            c["micro_batch"].as_u64().unwrap(),
+        );
         let dir = out.join("trials").join(format!("trial-{}", t["id"]));
         assert!(dir.join("launch.sh").is_file() && dir.join("trial.log").is_file());
         match t["outcome"]["status"].as_str().unwrap() {
@@ -268,7 +432,18 @@ fn tune_over_a_framework_reads_its_logs() {
     assert!(ok > 0, "{trials:?}");
     // every trial ran Megatron-LM's exported job, so every layout is one Megatron-LM can run
     let o = Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(["tune", "--model", "gpt-22b", "--gpus", "8", "--strategy", "random", "--evaluator", "torchtitan", "--out"])
+        .args([
+            "tune",
+            "--model",
+            "gpt-22b",
+            "--gpus",
+            "8",
+            "--strategy",
+            "random",
+            "--evaluator",
+            "torchtitan",
+            "--out",
+        ])
         .arg(d.join("never"))
         .output()
         .unwrap();

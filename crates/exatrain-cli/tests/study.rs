@@ -131,8 +131,14 @@ fn study_and_export_bad_input() {
             &["export", "--format", "nemo"],
             "allowed: megatron-lm, megatron-deepspeed, torchtitan, slurm, exatrain",
         ),
-        (&["export", "--zero", "3"], "through Megatron-FSDP, which exatrain exports only without pipeline parallelism"),
-        (&["export", "--launcher", "mpirun"], "--launcher mpirun is not known (allowed: torchrun, slurm)"),
+        (
+            &["export", "--zero", "3"],
+            "through Megatron-FSDP, which exatrain exports only without pipeline parallelism",
+        ),
+        (
+            &["export", "--launcher", "mpirun"],
+            "--launcher mpirun is not known (allowed: torchrun, slurm)",
+        ),
         (
             &["export", "--format", "torchtitan"],
             "--format torchtitan: torchtitan builds Llama-family models",
@@ -141,8 +147,14 @@ fn study_and_export_bad_input() {
             &["export", "--format", "megatron-deepspeed", "--virtual-stages", "2"],
             "no interleaved schedule",
         ),
-        (&["export", "--order", "pp-dp-tp"], "rank order pp-dp-tp cannot be expressed"),
-        (&["plan", "--run", "/nonexistent.toml"], "--run /nonexistent.toml: cannot read"),
+        (
+            &["export", "--order", "pp-dp-tp"],
+            "rank order pp-dp-tp cannot be expressed",
+        ),
+        (
+            &["plan", "--run", "/nonexistent.toml"],
+            "--run /nonexistent.toml: cannot read",
+        ),
         (&["export", "--from", "/nonexistent.json"], "cannot read"),
     ];
     for (args, want) in cases {
@@ -187,7 +199,15 @@ fn study_for_a_framework_recommends_what_it_can_export() {
             );
         }
     }
-    let out = exatrain(&["tune", "--model", "gpt-22b", "--gpus", "64", "--framework", "torchtitan"]);
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        "gpt-22b",
+        "--gpus",
+        "64",
+        "--framework",
+        "torchtitan",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("torchtitan can run none of the layouts"));
 }

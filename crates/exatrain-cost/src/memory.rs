@@ -66,9 +66,12 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64, f64) {
     let t = p.tp as f64;
     let (bias_sharded, bias_replicated) = m.layer_bias_params();
     let block = (m.layer_matrix_params() + bias_sharded) as f64 / t + (bias_replicated + 2 * m.norm_params()) as f64;
-    let st = p
-        .stage_layers(m)
-        .unwrap_or(exatrain_spec::StageLayers { pp: p.pp, first: m.layers / p.pp.max(1), middle: m.layers / p.pp.max(1), last: m.layers / p.pp.max(1) });
+    let st = p.stage_layers(m).unwrap_or(exatrain_spec::StageLayers {
+        pp: p.pp,
+        first: m.layers / p.pp.max(1),
+        middle: m.layers / p.pp.max(1),
+        last: m.layers / p.pp.max(1),
+    });
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
     let pos = match m.position {
         Position::Learned => m.seq_len as f64 * m.hidden as f64,

@@ -389,7 +389,10 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
     let runs: Vec<Measured> = [
         ParallelConfig::new(8, 1, 2, 1, 64),
         ParallelConfig::new(2, 4, 2, 1, 64),
-        ParallelConfig { overlap_dp: false, ..ParallelConfig::new(1, 1, 16, 1, 64) },
+        ParallelConfig {
+            overlap_dp: false,
+            ..ParallelConfig::new(1, 1, 16, 1, 64)
+        },
         ParallelConfig::new(4, 2, 4, 2, 128),
     ]
     .iter()
@@ -437,7 +440,16 @@ fn uneven_stages_are_paced_by_the_largest() {
     assert!(p112.memory_bytes.total < p126.memory_bytes.total && p126.memory_bytes.total <= p128.memory_bytes.total);
     // explicit sizes: the head counts toward the last stage, so 8 layers there (6 on the first)
     // make the step slower than the default split's 7
-    let heavy_last = ParallelConfig { first_stage_layers: Some(6), last_stage_layers: Some(8), ..l };
+    let heavy_last = ParallelConfig {
+        first_stage_layers: Some(6),
+        last_stage_layers: Some(8),
+        ..l
+    };
     let q = plan(&with(126), &c, &heavy_last).unwrap();
-    assert!(q.time_s.compute > 1.03 * p126.time_s.compute, "{} vs {}", q.time_s.compute, p126.time_s.compute);
+    assert!(
+        q.time_s.compute > 1.03 * p126.time_s.compute,
+        "{} vs {}",
+        q.time_s.compute,
+        p126.time_s.compute
+    );
 }

@@ -17,7 +17,11 @@ fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
     }
     f.push(format!(
         "--normalization {}",
-        if m.norm == Norm::Rmsnorm { "rmsnorm" } else { "layernorm" }
+        if m.norm == Norm::Rmsnorm {
+            "rmsnorm"
+        } else {
+            "layernorm"
+        }
     ));
     f.push(format!("--layernorm-epsilon {}", m.norm_eps));
     if m.position == Position::Rope {

@@ -57,7 +57,9 @@ pub fn files(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: Job, laun
                 "# Start it on every node with NODE_RANK=0..nnodes-1 and MASTER_ADDR = node 0's address.\nset -euo pipefail\n\n",
             );
             s.push_str("# ---- placeholders ----\n");
-            s.push_str("MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\nNODE_RANK=${NODE_RANK:-0}\n");
+            s.push_str(
+                "MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\nNODE_RANK=${NODE_RANK:-0}\n",
+            );
             if job.framework == Framework::Torchtitan {
                 s.push_str("RECIPE_DIR=${RECIPE_DIR:-$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)}\n");
             }
@@ -87,7 +89,11 @@ pub fn files(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: Job, laun
                 m.name
             ));
             for o in &l.sbatch {
-                let note = if o.contains("ACCOUNT") { "  # PLACEHOLDER: your allocation" } else { "" };
+                let note = if o.contains("ACCOUNT") {
+                    "  # PLACEHOLDER: your allocation"
+                } else {
+                    ""
+                };
                 s.push_str(&format!("#SBATCH {o}{note}\n"));
             }
             s.push_str("set -euo pipefail\n\n");

@@ -17,7 +17,11 @@ fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
     }
     f.push(format!(
         "--normalization {}",
-        if m.norm == Norm::Rmsnorm { "RMSNorm" } else { "LayerNorm" }
+        if m.norm == Norm::Rmsnorm {
+            "RMSNorm"
+        } else {
+            "LayerNorm"
+        }
     ));
     f.push(format!("--norm-epsilon {}", m.norm_eps));
     match m.position {
@@ -34,7 +38,10 @@ fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
 /// The rotary base as the integer Megatron's `--rotary-base` takes.
 pub(super) fn rope_base(m: &ModelSpec) -> Result<u64, String> {
     if m.rope_base.fract() != 0.0 || m.rope_base > 1e15 {
-        return Err(format!("rope_base {} is not an integer, which --rotary-base needs", m.rope_base));
+        return Err(format!(
+            "rope_base {} is not an integer, which --rotary-base needs",
+            m.rope_base
+        ));
     }
     Ok(m.rope_base as u64)
 }

@@ -60,7 +60,11 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
         ));
     }
     if c.pp > 1 {
-        let schedule = if c.virtual_stages > 1 { "Interleaved1F1B" } else { "1F1B" };
+        let schedule = if c.virtual_stages > 1 {
+            "Interleaved1F1B"
+        } else {
+            "1F1B"
+        };
         py.push_str(&format!(
             "    p.pipeline_parallel_schedule = \"{schedule}\"\n    p.pipeline_parallel_layers_per_stage = {}\n    p.num_pp_microbatches = {}\n",
             m.layers / (c.pp * c.virtual_stages),

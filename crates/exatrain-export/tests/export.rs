@@ -2,15 +2,22 @@
 //! by `scripts/check-exports.py`; regenerate with `EXATRAIN_BLESS=1 cargo test -p exatrain-export
 //! --test export` after such a check), and properties over many layouts.
 
-use exatrain_spec::{presets, Framework, ParallelConfig, Recompute, RankOrder};
 use exatrain_export::{export, shape, Format, Launcher};
+use exatrain_spec::{presets, Framework, ParallelConfig, RankOrder, Recompute};
 
 fn layout(tp: u32, pp: u32, dp: u32, mb: u32, gb: u32) -> ParallelConfig {
     ParallelConfig::new(tp, pp, dp, mb, gb)
 }
 
 /// (golden file, model, cluster, layout, format, launcher)
-fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, Format, Launcher)> {
+fn cases() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    ParallelConfig,
+    Format,
+    Launcher,
+)> {
     let mlm = Format::Framework(Framework::MegatronLm);
     let ds = Format::Framework(Framework::MegatronDeepspeed);
     let tt = Format::Framework(Framework::Torchtitan);
@@ -19,16 +26,36 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, For
             "gpt-175b-frontier-megatron-lm",
             "gpt-175b",
             "frontier",
-            ParallelConfig { zero: 1, sequence_parallel: true, virtual_stages: 3, ..layout(4, 8, 32, 2, 2048) },
+            ParallelConfig {
+                zero: 1,
+                sequence_parallel: true,
+                virtual_stages: 3,
+                ..layout(4, 8, 32, 2, 2048)
+            },
             mlm,
             Launcher::Torchrun,
         ),
-        ("gpt-175b-frontier-slurm", "gpt-175b", "frontier", ParallelConfig { zero: 1, ..layout(8, 16, 8, 1, 1024) }, Format::Slurm, Launcher::Slurm),
+        (
+            "gpt-175b-frontier-slurm",
+            "gpt-175b",
+            "frontier",
+            ParallelConfig {
+                zero: 1,
+                ..layout(8, 16, 8, 1, 1024)
+            },
+            Format::Slurm,
+            Launcher::Slurm,
+        ),
         (
             "llama3-8b-h100-megatron-lm-fsdp",
             "llama3-8b",
             "dgx-h100",
-            ParallelConfig { zero: 3, flash_attention: true, recompute: Recompute::Full, ..layout(1, 1, 64, 1, 256) },
+            ParallelConfig {
+                zero: 3,
+                flash_attention: true,
+                recompute: Recompute::Full,
+                ..layout(1, 1, 64, 1, 256)
+            },
             mlm,
             Launcher::Torchrun,
         ),
@@ -36,7 +63,11 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, For
             "llama2-70b-h100-megatron-deepspeed",
             "llama2-70b",
             "dgx-h100",
-            ParallelConfig { flash_attention: true, sequence_parallel: true, ..layout(8, 4, 4, 1, 512) },
+            ParallelConfig {
+                flash_attention: true,
+                sequence_parallel: true,
+                ..layout(8, 4, 4, 1, 512)
+            },
             ds,
             Launcher::Torchrun,
         ),
@@ -73,7 +104,11 @@ fn cases() -> Vec<(&'static str, &'static str, &'static str, ParallelConfig, For
             "gpt-22b-h100-12gpus-tp-pp-dp",
             "gpt-22b",
             "dgx-h100",
-            ParallelConfig { order: "tp-pp-dp".parse().unwrap(), dtype: exatrain_spec::Dtype::Fp32, ..layout(2, 2, 3, 1, 48) },
+            ParallelConfig {
+                order: "tp-pp-dp".parse().unwrap(),
+                dtype: exatrain_spec::Dtype::Fp32,
+                ..layout(2, 2, 3, 1, 48)
+            },
             mlm,
             Launcher::Torchrun,
         ),
@@ -102,7 +137,11 @@ fn exports_match_their_golden_files() {
             continue;
         }
         let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert!(got == want, "{name}: the export changed; diff against {}:\n{got}", path.display());
+        assert!(
+            got == want,
+            "{name}: the export changed; diff against {}:\n{got}",
+            path.display()
+        );
     }
 }
 
@@ -122,7 +161,15 @@ fn every_export_launches_the_planned_ranks_or_is_refused_with_the_reason() {
         let m = presets::model(model).unwrap();
         for cluster in ["frontier", "dgx-h100", "perlmutter"] {
             let cl = presets::cluster(cluster).unwrap();
-            for (tp, pp, dp) in [(1, 1, 12), (2, 2, 3), (8, 4, 4), (4, 8, 2), (2, 1, 6), (1, 7, 2), (2, 3, 2)] {
+            for (tp, pp, dp) in [
+                (1, 1, 12),
+                (2, 2, 3),
+                (8, 4, 4),
+                (4, 8, 2),
+                (2, 1, 6),
+                (1, 7, 2),
+                (2, 3, 2),
+            ] {
                 for zero in 0..=3u8 {
                     for order in [RankOrder::default(), "tp-pp-dp".parse().unwrap()] {
                         for virtual_stages in [1, 2] {
@@ -162,7 +209,10 @@ fn every_export_launches_the_planned_ranks_or_is_refused_with_the_reason() {
             }
         }
     }
-    assert!(exported > 100 && refused > 100, "{exported} exported, {refused} refused");
+    assert!(
+        exported > 100 && refused > 100,
+        "{exported} exported, {refused} refused"
+    );
 }
 
 fn check_job(
@@ -197,9 +247,18 @@ fn check_job(
     let max_conn = main.contains("CUDA_DEVICE_MAX_CONNECTIONS=\"1\"");
     match f {
         Framework::MegatronLm => {
-            assert_eq!(flag(main, "--tensor-model-parallel-size"), Some(cfg.tp.to_string().as_str()));
-            assert_eq!(flag(main, "--pipeline-model-parallel-size"), Some(cfg.pp.to_string().as_str()));
-            assert_eq!(flag(main, "--global-batch-size"), Some(cfg.global_batch.to_string().as_str()));
+            assert_eq!(
+                flag(main, "--tensor-model-parallel-size"),
+                Some(cfg.tp.to_string().as_str())
+            );
+            assert_eq!(
+                flag(main, "--pipeline-model-parallel-size"),
+                Some(cfg.pp.to_string().as_str())
+            );
+            assert_eq!(
+                flag(main, "--global-batch-size"),
+                Some(cfg.global_batch.to_string().as_str())
+            );
             let st = cfg.stage_layers(m).unwrap();
             assert_eq!(
                 flag(main, "--decoder-first-pipeline-num-layers").map(|x| x.parse::<u32>().unwrap()),

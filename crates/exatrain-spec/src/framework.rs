@@ -16,7 +16,11 @@ pub enum Framework {
 }
 
 impl Framework {
-    pub const ALL: [Framework; 3] = [Framework::MegatronLm, Framework::MegatronDeepspeed, Framework::Torchtitan];
+    pub const ALL: [Framework; 3] = [
+        Framework::MegatronLm,
+        Framework::MegatronDeepspeed,
+        Framework::Torchtitan,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -76,7 +80,7 @@ impl Framework {
                 }
                 if c.virtual_stages > 1 {
                     return Err(
-                        "DeepSpeed's pipeline engine has no interleaved schedule (--virtual-stages must be 1)".into()
+                        "DeepSpeed's pipeline engine has no interleaved schedule (--virtual-stages must be 1)".into(),
                     );
                 }
                 if c.zero >= 2 && c.pp > 1 {
@@ -112,10 +116,14 @@ impl Framework {
                     );
                 }
                 if c.tp > 1 && !c.sequence_parallel {
-                    return Err("torchtitan's tensor parallelism always shards the norms along the sequence (--sp)".into());
+                    return Err(
+                        "torchtitan's tensor parallelism always shards the norms along the sequence (--sp)".into(),
+                    );
                 }
                 if c.dtype == Dtype::Fp32 {
-                    return Err("torchtitan trains with FSDP2 mixed precision (bf16 parameters); use --dtype bf16".into());
+                    return Err(
+                        "torchtitan trains with FSDP2 mixed precision (bf16 parameters); use --dtype bf16".into(),
+                    );
                 }
                 if !c.flash_attention {
                     return Err("torchtitan's attention is SDPA/flex (flash-style); use --flash".into());

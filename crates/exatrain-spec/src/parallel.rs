@@ -314,7 +314,12 @@ impl ParallelConfig {
             if self.first_stage_layers.is_some_and(|f| f != l) || self.last_stage_layers.is_some_and(|x| x != l) {
                 return Err(bad);
             }
-            return Ok(StageLayers { pp, first: l, middle: l, last: l });
+            return Ok(StageLayers {
+                pp,
+                first: l,
+                middle: l,
+                last: l,
+            });
         }
         let split = |first: u32, last: u32| -> Option<StageLayers> {
             let rest = l.checked_sub(first)?.checked_sub(last)?;
@@ -324,7 +329,12 @@ impl ParallelConfig {
             } else {
                 (rest % inner == 0 && rest > 0).then_some(rest / inner)?
             };
-            (first > 0 && last > 0).then_some(StageLayers { pp, first, middle, last })
+            (first > 0 && last > 0).then_some(StageLayers {
+                pp,
+                first,
+                middle,
+                last,
+            })
         };
         match (self.first_stage_layers, self.last_stage_layers) {
             (None, None) if l % pp == 0 => Ok(StageLayers {
@@ -351,11 +361,17 @@ impl ParallelConfig {
             (Some(f), None) => {
                 // the other stages share the rest evenly
                 let rest = l.checked_sub(f).ok_or(bad)?;
-                (rest % (pp - 1) == 0).then(|| split(f, rest / (pp - 1))).flatten().ok_or(bad)
+                (rest % (pp - 1) == 0)
+                    .then(|| split(f, rest / (pp - 1)))
+                    .flatten()
+                    .ok_or(bad)
             }
             (None, Some(x)) => {
                 let rest = l.checked_sub(x).ok_or(bad)?;
-                (rest % (pp - 1) == 0).then(|| split(rest / (pp - 1), x)).flatten().ok_or(bad)
+                (rest % (pp - 1) == 0)
+                    .then(|| split(rest / (pp - 1), x))
+                    .flatten()
+                    .ok_or(bad)
             }
         }
     }

@@ -284,25 +284,41 @@ fn uneven_pipeline_stages() {
             last_stage_layers: last,
             ..ParallelConfig::new(1, pp, 1, 1, 8)
         };
-        c.stage_layers(&m).map(|s| (0..pp).map(|i| s.of(i)).collect::<Vec<u32>>())
+        c.stage_layers(&m)
+            .map(|s| (0..pp).map(|i| s.of(i)).collect::<Vec<u32>>())
     };
     // Llama 3 405B on 16 stages, BLOOM's 70 layers on 12
-    assert_eq!(split(126, 16, None, None).unwrap(), [vec![7], vec![8; 14], vec![7]].concat());
-    assert_eq!(split(70, 12, None, None).unwrap(), [vec![5], vec![6; 10], vec![5]].concat());
+    assert_eq!(
+        split(126, 16, None, None).unwrap(),
+        [vec![7], vec![8; 14], vec![7]].concat()
+    );
+    assert_eq!(
+        split(70, 12, None, None).unwrap(),
+        [vec![5], vec![6; 10], vec![5]].concat()
+    );
     assert_eq!(split(48, 8, None, None).unwrap(), vec![6; 8]);
     assert_eq!(split(9, 8, None, None).unwrap().iter().max(), Some(&2));
     assert_eq!(split(7, 2, None, None).unwrap(), vec![3, 4]);
-    assert_eq!(split(126, 16, Some(6), Some(8)).unwrap(), [vec![6], vec![8; 14], vec![8]].concat());
+    assert_eq!(
+        split(126, 16, Some(6), Some(8)).unwrap(),
+        [vec![6], vec![8; 14], vec![8]].concat()
+    );
     assert_eq!(split(50, 4, Some(2), None).unwrap(), vec![2, 16, 16, 16]);
     assert_eq!(split(50, 4, None, Some(2)).unwrap(), vec![16, 16, 16, 2]);
     for (l, pp) in [(126u32, 16u32), (70, 12), (9, 8), (100, 7), (31, 30), (5, 5)] {
         let v = split(l, pp, None, None).unwrap();
         assert_eq!(v.iter().sum::<u32>(), l);
         assert!(v.iter().all(|x| *x >= 1));
-        assert!(v.iter().max().unwrap() - v.iter().min().unwrap() <= 2, "{l} on {pp}: {v:?}");
+        assert!(
+            v.iter().max().unwrap() - v.iter().min().unwrap() <= 2,
+            "{l} on {pp}: {v:?}"
+        );
     }
     assert!(split(8, 9, None, None).is_err());
     assert_eq!(split(48, 4, Some(10), Some(10)).unwrap(), vec![10, 14, 14, 10]);
     assert!(split(48, 4, Some(10), Some(39)).is_err());
-    assert!(split(48, 5, Some(10), Some(10)).is_err(), "28 layers do not split over 3 stages");
+    assert!(
+        split(48, 5, Some(10), Some(10)).is_err(),
+        "28 layers do not split over 3 stages"
+    );
 }

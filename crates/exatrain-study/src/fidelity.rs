@@ -45,7 +45,11 @@ const TERMS: [(&str, &str, &str); 15] = [
     ),
     ("time.step", "/measured/step_s", "/planned/step_time_s"),
     // framework logs only: the framework's peak allocated memory against the planner's total
-    ("memory.peak", "/measured/memory_peak_bytes", "/planned/memory_bytes/total"),
+    (
+        "memory.peak",
+        "/measured/memory_peak_bytes",
+        "/planned/memory_bytes/total",
+    ),
 ];
 
 /// One term of one run.

@@ -102,4 +102,3 @@ fn study_rows_report_and_json_agree() {
         "the table shows the JSON's days"
     );
 }
-

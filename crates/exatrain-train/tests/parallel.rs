@@ -559,7 +559,10 @@ fn uneven_pipeline_stages_train_what_one_process_trains() {
         };
         let split = pc.stage_layers(&spec()).unwrap();
         assert!(!split.even(), "{pc:?}");
-        let name = format!("tp {tp} pp {pp} dp {dp} stages {:?}", (0..pp).map(|s| split.of(s)).collect::<Vec<_>>());
+        let name = format!(
+            "tp {tp} pp {pp} dp {dp} stages {:?}",
+            (0..pp).map(|s| split.of(s)).collect::<Vec<_>>()
+        );
         let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
             .into_iter()
             .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))

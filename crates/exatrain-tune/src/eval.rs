@@ -243,7 +243,12 @@ pub fn looks_like_oom(s: &str) -> bool {
 /// How a shell command ended.
 pub enum Ran {
     /// It exited: whether successfully, its exit code, stdout, stderr.
-    Exited { success: bool, code: Option<i32>, out: String, err: String },
+    Exited {
+        success: bool,
+        code: Option<i32>,
+        out: String,
+        err: String,
+    },
     /// It ran past the limit; its process group was killed.
     TimedOut,
     /// It could not start.
@@ -333,7 +338,12 @@ impl Ran {
     /// (success, exit code, stdout, stderr), or the trial's outcome when it did not exit.
     pub fn exited(self, timeout: Duration) -> Result<(bool, Option<i32>, String, String), Outcome> {
         match self {
-            Ran::Exited { success, code, out, err } => Ok((success, code, out, err)),
+            Ran::Exited {
+                success,
+                code,
+                out,
+                err,
+            } => Ok((success, code, out, err)),
             Ran::TimedOut => Err(Outcome::Timeout {
                 seconds: timeout.as_secs_f64(),
             }),

@@ -50,7 +50,13 @@ impl FrameworkEval {
 
 impl Evaluator for FrameworkEval {
     fn evaluate(&self, cfg: &ParallelConfig, trial: u64) -> Outcome {
-        let files = match export(&self.model, &self.cluster, cfg, Format::Framework(self.framework), self.launcher) {
+        let files = match export(
+            &self.model,
+            &self.cluster,
+            cfg,
+            Format::Framework(self.framework),
+            self.launcher,
+        ) {
             Ok(f) => f,
             Err(e) => return Outcome::Failed { message: e.to_string() },
         };
@@ -96,7 +102,11 @@ impl Evaluator for FrameworkEval {
         };
         if !success {
             return Outcome::Failed {
-                message: format!("exit {}: {}", code.map_or("signal".into(), |c| c.to_string()), tail(&all, 3)),
+                message: format!(
+                    "exit {}: {}",
+                    code.map_or("signal".into(), |c| c.to_string()),
+                    tail(&all, 3)
+                ),
             };
         }
         let tokens = cfg.global_batch as f64 * self.model.seq_len as f64;

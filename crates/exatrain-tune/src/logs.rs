@@ -198,7 +198,10 @@ pub fn arg_bool(log: &FrameworkLog, name: &str) -> Option<bool> {
 
 /// A Megatron argument as a number with a fraction.
 pub fn arg_f64(log: &FrameworkLog, name: &str) -> Option<f64> {
-    log.args.get(name).and_then(|v| v.parse().ok()).filter(|v: &f64| v.is_finite())
+    log.args
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .filter(|v: &f64| v.is_finite())
 }
 
 impl FrameworkLog {
@@ -287,7 +290,10 @@ mod tests {
         let log = parse(tt).unwrap();
         assert_eq!(log.format, LogFormat::Torchtitan);
         let it = &log.iterations[0];
-        assert_eq!((it.step, it.tokens_per_s_per_device, it.tflops), (5, Some(1234.0), Some(123.45)));
+        assert_eq!(
+            (it.step, it.tokens_per_s_per_device, it.tflops),
+            (5, Some(1234.0), Some(123.45))
+        );
         // 64 sequences of 2048 tokens over 16 devices at 1234 tokens/s each
         let t = log.step_times(0, 64.0 * 2048.0, 16)[0];
         assert!((t - 64.0 * 2048.0 / (1234.0 * 16.0)).abs() < 1e-12);
