@@ -52,7 +52,7 @@ LAYOUTS = [
     ("llama3-8b tp1 zero3", "llama3-8b", "dgx-h100", "--gpus 64 --tp 1 --pp 1 --dp 64 --global-batch 256 --zero 3 --flash-attention"),
     ("llama3-8b tp2 pp2 interleaved", "llama3-8b", "dgx-h100", "--gpus 16 --tp 2 --pp 2 --dp 4 --global-batch 64 --flash-attention --sequence-parallel --virtual-stages 2"),
     ("llama3-70b tp8 pp2 zero0", "llama3-70b", "perlmutter", "--gpus 256 --tp 4 --pp 4 --dp 16 --global-batch 512 --flash-attention --sequence-parallel --zero 0"),
-    ("llama3-405b tp8 pp16", "llama3-405b", "dgx-h100", "--gpus 1792 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
+    ("llama3-405b tp8 pp14", "llama3-405b", "dgx-h100", "--gpus 1792 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
     ("llama3-70b 36 gpus", "llama3-70b", "dgx-h100", "--gpus 40 --tp 4 --pp 2 --dp 5 --global-batch 80 --flash-attention --sequence-parallel"),
     ("gpt-175b lumi", "gpt-175b", "lumi", "--gpus 1024 --tp 8 --pp 16 --dp 8 --global-batch 1024 --zero 1 --flash-attention"),
     ("gpt-22b perlmutter", "gpt-22b", "perlmutter", "--gpus 64 --tp 4 --pp 2 --dp 8 --global-batch 128 --sequence-parallel"),
