@@ -570,13 +570,40 @@ fn run_rank(
         let line = serde_json::json!({
             "step": l.step, "loss": l.loss, "grad_norm": l.grad_norm, "lr": l.lr, "seconds": l.seconds,
             "tokens_per_s": l.tokens_per_s, "model_tflops": flops / l.seconds / 1e12,
+            "val_loss": l.val_loss, "sample": l.sample,
             "ranks": run.pc.gpus(), "tp": run.pc.tp, "pp": run.pc.pp, "dp": run.pc.dp, "zero": run.pc.zero,
         });
         if let Some(p) = progress {
             if let Err(e) = p.step(l.step, &line, summary_line(l.loss, l.lr, l.tokens_per_s)) {
                 p.say(format!("warning: {e}"));
             }
+            if !a.json {
+                if let Some(v) = l.val_loss {
+                    p.say(format!(
+                        "step {:>5}: train {:.3} | val {v:.3} | {:.0} tok/s",
+                        l.step, l.loss, l.tokens_per_s
+                    ));
+                }
+                if let Some(text) = &l.sample {
+                    p.say(format!(
+                        "  sample: {}{}",
+                        run.cfg.sample_prompt,
+                        text.replace('\n', " ")
+                    ));
+                }
+            }
         }
+    };
+    // rank 0 evaluates the gathered whole model as one process would (built at the first use)
+    let evaluation: std::sync::Mutex<Option<exatrain_train::train::Evaluation>> = std::sync::Mutex::new(None);
+    let eval = |st: &Start| -> Result<(f64, Option<String>), SpecError> {
+        let mut e = evaluation
+            .lock()
+            .map_err(|_| SpecError::new("evaluation: a rank thread panicked"))?;
+        if e.is_none() {
+            *e = Some(exatrain_train::train::Evaluation::new(&run.spec, &run.cfg, &run.data)?);
+        }
+        e.as_mut().expect("built").run(&st.params, st.step)
     };
     let save = |st: &Start| -> Result<(), SpecError> {
         let shape = exatrain_train::GptShape::from_spec(&run.spec)?;
@@ -622,6 +649,7 @@ fn run_rank(
         start: run.resumed.as_ref().map(|r| r.start.clone()),
         on_checkpoint: if checkpoints { Some(&save) } else { None },
         on_step: Some(&print),
+        on_eval: Some(&eval),
         on_diverge: Some(&retract),
     };
     parallel::train(&run.spec, &run.cfg, &run.pc, &opts, &run.data, world)

@@ -482,3 +482,60 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
     let got: Vec<u32> = serde_json::from_str(got.trim().lines().last().unwrap()).unwrap();
     assert_eq!(got, want);
 }
+
+/// Multi-rank training writes what one process writes: every step once in `metrics.jsonl`,
+/// with the same validation losses and samples at the evaluation steps (rank 0 evaluates the
+/// gathered whole model).
+#[test]
+fn multi_rank_metrics_carry_the_validation_loss_and_sample_of_one_process() {
+    let d = tmp("valloss");
+    let model = tiny(&d);
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus/devils-dictionary.txt");
+    let common = [
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        corpus.to_str().unwrap(),
+        "--steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--json",
+    ];
+    let mut one = common.to_vec();
+    one.extend(["--out", "one"]);
+    ok(&run_in(&d, &one));
+    let mut four = common.to_vec();
+    four.extend(["--out", "four", "--ranks", "4", "--tp", "2", "--pp", "2"]);
+    ok(&run_in(&d, &four));
+    let lines = |run: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (a, b) = (lines("one"), lines("four"));
+    assert_eq!(a.len(), 6);
+    assert_eq!(b.len(), 6);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["step"], y["step"]);
+        match (x["val_loss"].as_f64(), y["val_loss"].as_f64()) {
+            (Some(p), Some(q)) => assert!((p - q).abs() <= 1e-5 * p.abs(), "step {}: {p} vs {q}", x["step"]),
+            (None, None) => {}
+            other => panic!("step {}: val_loss {other:?}", x["step"]),
+        }
+        assert_eq!(x["sample"], y["sample"], "step {}", x["step"]);
+    }
+    let evaluated: Vec<u64> = b
+        .iter()
+        .filter(|l| l["val_loss"].is_f64())
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, vec![3, 6]);
+}

@@ -73,7 +73,7 @@ pub struct Start {
 }
 
 /// One finished step, as world rank 0 sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepLine {
     /// 1-based
     pub step: u64,
@@ -82,6 +82,10 @@ pub struct StepLine {
     pub lr: f64,
     pub seconds: f64,
     pub tokens_per_s: f64,
+    /// at evaluation steps (`eval_every` and the last): the validation loss and the sample of
+    /// the whole model, as one process computes them
+    pub val_loss: Option<f64>,
+    pub sample: Option<String>,
 }
 
 /// How to run besides the layout.
@@ -100,6 +104,10 @@ pub struct Options<'a> {
     pub on_checkpoint: Option<&'a (dyn Fn(&Start) -> Result<(), SpecError> + Sync)>,
     /// called on world rank 0 after every step
     pub on_step: Option<&'a (dyn Fn(&StepLine) + Sync)>,
+    /// called on world rank 0 with the whole state at evaluation steps (every `eval_every` and
+    /// the last; all ranks take part in gathering it): the validation loss and a sample
+    #[allow(clippy::type_complexity)]
+    pub on_eval: Option<&'a (dyn Fn(&Start) -> Result<(f64, Option<String>), SpecError> + Sync)>,
     /// called on world rank 0 when the divergence guard stops the run, with the first step
     /// whose checkpoint gave the bad loss; returns the checkpoint that is still good
     #[allow(clippy::type_complexity)]
@@ -866,26 +874,42 @@ fn run(
         sums.push((times, bytes));
         let seconds = t_step.elapsed().as_secs_f64();
         step_seconds.push(seconds);
+        let done = step + 1;
+        let every = |k: u64| (k > 0 && done % k == 0) || done == cfg.steps;
+        let evaluate = opts.on_eval.is_some() && every(cfg.eval_every);
+        let save = opts.on_checkpoint.is_some() && every(cfg.ckpt_every);
+        // one gather serves the evaluation and the checkpoint
+        let whole = if evaluate || save {
+            let mut w = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
+            w.min_loss = guard.min_loss;
+            Some(w)
+        } else {
+            None
+        };
         if world.rank() == 0 {
+            let (val_loss, sample) = match (opts.on_eval, &whole) {
+                (Some(f), Some(w)) if evaluate => {
+                    let (v, s) = f(w)?;
+                    (Some(v), s)
+                }
+                _ => (None, None),
+            };
             if let Some(f) = opts.on_step {
                 f(&StepLine {
-                    step: step + 1,
+                    step: done,
                     loss: red[1] as f64,
                     grad_norm: norm,
                     lr,
                     seconds,
                     tokens_per_s: (cfg.global_batch * t) as f64 / seconds,
+                    val_loss,
+                    sample,
                 });
             }
         }
-        let done = step + 1;
-        if let Some(f) = opts.on_checkpoint {
-            if (cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0) || done == cfg.steps {
-                let mut whole = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
-                whole.min_loss = guard.min_loss;
-                if world.rank() == 0 {
-                    f(&whole)?;
-                }
+        if let (Some(f), Some(w)) = (opts.on_checkpoint, &whole) {
+            if save && world.rank() == 0 {
+                f(w)?;
             }
         }
     }

@@ -268,13 +268,13 @@ impl Trainer {
 
     /// Mean validation loss over `eval_batches` fixed batches.
     pub fn eval(&mut self) -> f64 {
-        let (b, t) = (self.cfg.micro_batch, self.model.shape.max_seq);
-        let mut sum = 0.0;
-        for k in 0..self.cfg.eval_batches.max(1) {
-            data::val_batch(&self.data.val, k, b, t, &mut self.tokens, &mut self.targets);
-            sum += self.model.forward(&self.tokens, &self.targets, b, t) as f64;
-        }
-        sum / self.cfg.eval_batches.max(1) as f64
+        val_loss(
+            &mut self.model,
+            &self.data,
+            &self.cfg,
+            &mut self.tokens,
+            &mut self.targets,
+        )
     }
 
     /// Continue `prompt` by `n` tokens (temperature 0.8, seeded by the step).
@@ -382,6 +382,84 @@ pub fn stored_config(state: &State, dir: &Path) -> Result<TrainConfig, SpecError
 }
 
 /// Autoregressive sampling with temperature, from a model and its tokenizer.
+/// Mean validation loss of `model` over `cfg.eval_batches` fixed batches of micro-batch size.
+fn val_loss(
+    model: &mut Gpt<f32>,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    tokens: &mut Vec<u32>,
+    targets: &mut Vec<u32>,
+) -> f64 {
+    let (b, t) = (cfg.micro_batch, model.shape.max_seq);
+    let mut sum = 0.0;
+    for k in 0..cfg.eval_batches.max(1) {
+        data::val_batch(&data.val, k, b, t, tokens, targets);
+        sum += model.forward(tokens, targets, b, t) as f64;
+    }
+    sum / cfg.eval_batches.max(1) as f64
+}
+
+/// The evaluation of a whole model held outside a [`Trainer`]: the multi-rank engine gathers
+/// its parameters to rank 0 at each evaluation step, and this gives the validation loss and
+/// sample one process would (same batches, same sampler seed).
+pub struct Evaluation {
+    model: Gpt<f32>,
+    data: Dataset,
+    tokenizer: tokenizers::Tokenizer,
+    cfg: TrainConfig,
+    tokens: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Evaluation {
+    pub fn new(spec: &ModelSpec, cfg: &TrainConfig, data_dir: &Path) -> Result<Evaluation, SpecError> {
+        let shape = GptShape::from_spec(spec)?;
+        let data = Dataset::open(data_dir, shape.max_seq)?;
+        data.check_vocab(shape.vocab, &spec.name)?;
+        Ok(Evaluation {
+            model: Gpt::<f32>::new(shape, cfg.seed),
+            data,
+            tokenizer: data::load_tokenizer(data_dir)?,
+            cfg: cfg.clone(),
+            tokens: Vec::new(),
+            targets: Vec::new(),
+        })
+    }
+
+    /// Validation loss of `params` after `step` steps, and a sample when the config asks for one.
+    pub fn run(&mut self, params: &[f32], step: u64) -> Result<(f64, Option<String>), SpecError> {
+        if params.len() != self.model.params.len() {
+            return Err(SpecError::new(format!(
+                "evaluation: {} parameters given, the model has {}",
+                params.len(),
+                self.model.params.len()
+            )));
+        }
+        self.model.params.copy_from_slice(params);
+        let loss = val_loss(
+            &mut self.model,
+            &self.data,
+            &self.cfg,
+            &mut self.tokens,
+            &mut self.targets,
+        );
+        let text = if self.cfg.sample_tokens > 0 {
+            let prompt = self.cfg.sample_prompt.clone();
+            Some(sample(
+                &mut self.model,
+                &self.tokenizer,
+                &prompt,
+                self.cfg.sample_tokens,
+                0.8,
+                step,
+            )?)
+        } else {
+            None
+        };
+        Ok((loss, text))
+    }
+}
+
 pub fn sample(
     model: &mut Gpt<f32>,
     tk: &tokenizers::Tokenizer,
