@@ -36,25 +36,39 @@ fn step(cluster: &str, model: &str, layout: &[&str]) -> f64 {
 
 const SLOW: f64 = 1.6;
 
+/// The Megatron-LM run's layout (llama2-7b, tp 2 × pp 2 × dp 4), also in its argument dump.
+const MEGATRON_LAYOUT: [&str; 10] = [
+    "--gpus",
+    "16",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+    "--global-batch",
+    "64",
+    "--zero",
+    "1",
+];
+
+/// The Megatron-DeepSpeed run's layout (llama2-7b, tp 8 × dp 4).
+const DEEPSPEED_LAYOUT: [&str; 12] = [
+    "--gpus",
+    "32",
+    "--tp",
+    "8",
+    "--pp",
+    "1",
+    "--dp",
+    "4",
+    "--global-batch",
+    "128",
+    "--zero",
+    "1",
+];
+
 fn megatron_log(dir: &Path) -> PathBuf {
     // Megatron-LM with its argument dump (no run file): llama2-7b, tp 2 × pp 2 × dp 4
-    let t = SLOW
-        * step(
-            "dgx-h100",
-            "llama2-7b",
-            &[
-                "--gpus",
-                "16",
-                "--tp",
-                "2",
-                "--pp",
-                "2",
-                "--global-batch",
-                "64",
-                "--zero",
-                "1",
-            ],
-        );
+    let t = SLOW * step("dgx-h100", "llama2-7b", &MEGATRON_LAYOUT);
     let mut s = String::from("------------------------ arguments ------------------------\n");
     for (k, v) in [
         ("add_bias_linear", "False"),
@@ -116,20 +130,7 @@ fn with_run_file(dir: &Path, stem: &str, model: &str, layout: &[&str]) {
 }
 
 fn deepspeed_log(dir: &Path) -> PathBuf {
-    let layout = [
-        "--gpus",
-        "32",
-        "--tp",
-        "8",
-        "--pp",
-        "1",
-        "--dp",
-        "4",
-        "--global-batch",
-        "128",
-        "--zero",
-        "1",
-    ];
+    let layout = DEEPSPEED_LAYOUT;
     with_run_file(dir, "deepspeed", "llama2-7b", &layout);
     let t = SLOW * step("dgx-h100", "llama2-7b", &layout);
     let mut s = String::new();
@@ -214,38 +215,8 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     );
     // the fitted spec predicts each log's step time
     for (model, layout) in [
-        (
-            "llama2-7b",
-            vec![
-                "--gpus",
-                "16",
-                "--tp",
-                "2",
-                "--pp",
-                "2",
-                "--global-batch",
-                "64",
-                "--zero",
-                "1",
-            ],
-        ),
-        (
-            "llama2-7b",
-            vec![
-                "--gpus",
-                "32",
-                "--tp",
-                "8",
-                "--pp",
-                "1",
-                "--dp",
-                "4",
-                "--global-batch",
-                "128",
-                "--zero",
-                "1",
-            ],
-        ),
+        ("llama2-7b", MEGATRON_LAYOUT.to_vec()),
+        ("llama2-7b", DEEPSPEED_LAYOUT.to_vec()),
     ] {
         let base = step("dgx-h100", model, &layout);
         let got = step(fitted.to_str().unwrap(), model, &layout);
