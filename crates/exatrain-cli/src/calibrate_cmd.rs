@@ -36,12 +36,75 @@ pub struct CalibrateArgs {
     /// to --out (default: over the --cluster file, only once the fit succeeded).
     #[arg(long, num_args = 1..)]
     pub fit: Vec<PathBuf>,
+    /// Fit the --cluster spec's compute and link-bandwidth factors to the published or measured
+    /// runs of this CSV (the columns of data/published-runs.csv: each row's throughput becomes a
+    /// step time) instead of, or with, --fit's files. The runs must have run on --cluster.
+    #[arg(long)]
+    pub fit_runs: Option<PathBuf>,
     /// With --fit: the spec to start from (what `exatrain calibrate --out` wrote).
     #[arg(long)]
     pub cluster: Option<String>,
     /// With --fit: every report must be a run of this model.
     #[arg(long)]
     pub model: Option<String>,
+}
+
+/// The rows of a runs CSV (`validate`'s format) as measured step times: the row's throughput
+/// metric turned back into the seconds one step took.
+fn csv_runs(
+    path: &std::path::Path,
+    model: Option<&str>,
+    cluster: &str,
+) -> Result<Vec<exatrain_cost::fit::Measured>, SpecError> {
+    let at = path.display().to_string();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--fit-runs {at}: cannot read: {e}")))?;
+    let mut out = Vec::new();
+    for run in crate::validate::read_runs(&text, &at)? {
+        let c = crate::validate::to_case(&run)?;
+        if model.is_some_and(|m| m != c.model.name) {
+            continue;
+        }
+        if c.cluster.name != cluster {
+            return Err(SpecError::new(format!(
+                "--fit-runs {at}: run {} ran on {}, not on --cluster {cluster}: fit each machine's runs to its own spec",
+                run.name, c.cluster.name
+            )));
+        }
+        let gpus = c.cfg.gpus() as f64;
+        let step = match c.metric.as_str() {
+            "hfu_tflops" => {
+                exatrain_cost::flops::megatron_formula(
+                    &c.model,
+                    c.cfg.global_batch,
+                    c.cfg.recompute == exatrain_spec::Recompute::Full,
+                ) / (c.measured * 1e12 * gpus)
+            }
+            "tflops" => exatrain_cost::flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * 1e12 * gpus),
+            _ => {
+                let d = &c.cluster.device;
+                let peak = match c.cfg.dtype {
+                    exatrain_spec::Dtype::Bf16 => d.peak_tflops_bf16,
+                    exatrain_spec::Dtype::Fp32 => d.peak_tflops_fp32,
+                } * 1e12;
+                exatrain_cost::flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * peak * gpus)
+            }
+        };
+        if !(step.is_finite() && step > 0.0) {
+            return Err(SpecError::new(format!(
+                "--fit-runs {at}: run {}: measured {} {} gives no step time",
+                run.name, run.metric, run.measured
+            )));
+        }
+        out.push(exatrain_cost::fit::Measured {
+            name: run.name.clone(),
+            model: c.model,
+            layout: c.cfg,
+            time_s: Default::default(),
+            step_s: Some(step),
+        });
+    }
+    Ok(out)
 }
 
 /// `--fit`: the spec's factors fitted to measured runs, written atomically only on success.
@@ -80,6 +143,9 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
             crate::framework_logs::WARMUP
         );
         runs.push(run);
+    }
+    if let Some(csv) = &a.fit_runs {
+        runs.extend(csv_runs(csv, a.model.as_deref(), &base.name)?);
     }
     let only_steps = runs.iter().all(|r| r.step_s.is_some());
     let fit = exatrain_cost::fit::fit(&base, &runs)?;
@@ -218,7 +284,7 @@ fn calibrate_mpi(
 }
 
 pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
-    if !a.fit.is_empty() {
+    if !a.fit.is_empty() || a.fit_runs.is_some() {
         return run_fit(&a);
     }
     if a.cluster.is_some() || a.model.is_some() {

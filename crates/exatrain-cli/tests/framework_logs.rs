@@ -422,3 +422,35 @@ fn tune_over_a_framework_reads_its_logs() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("torchtitan can run none of the layouts"));
     assert!(!d.join("never").exists(), "a refused search leaves no store behind");
 }
+
+/// Published runs as measurements: `calibrate --fit-runs` turns each row's throughput into a
+/// step time and fits the cluster they ran on; runs of another machine are refused.
+#[test]
+fn published_runs_fit_the_cluster_they_ran_on() {
+    let d = tmp("fitruns");
+    let csv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/published-runs.csv");
+    let out = d.join("selene-fit.toml");
+    let text = ok(exatrain(&[
+        "calibrate",
+        "--cluster",
+        "selene",
+        "--fit-runs",
+        csv.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    assert!(text.contains("fitted 10 runs"), "{text}");
+    assert!(out.is_file());
+    let o = exatrain(&[
+        "calibrate",
+        "--cluster",
+        "frontier",
+        "--fit-runs",
+        csv.to_str().unwrap(),
+        "--out",
+        d.join("f.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ran on selene, not on --cluster frontier"));
+    assert!(!d.join("f.toml").exists());
+}
