@@ -199,7 +199,7 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             "log {name}: no step times in its iteration lines"
         )));
     }
-    let step = logs::median(&steps);
+    let step = exatrain_tune::median(&steps);
     Ok((
         Measured {
             name,

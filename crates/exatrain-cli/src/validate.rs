@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use exatrain_cost::{flops, plan};
 use exatrain_spec::{load, ModelFile, ParallelConfig, Recompute, SpecError};
+use exatrain_tune::median;
 use serde::{Deserialize, Serialize};
 
 const BUNDLED: &str = include_str!("../../../data/published-runs.csv");
@@ -197,17 +198,6 @@ pub fn read_runs(text: &str, origin: &str) -> Result<Vec<Run>, SpecError> {
         )));
     }
     Ok(runs)
-}
-
-pub fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
 }
 
 pub fn run(a: ValidateArgs) -> Result<(), SpecError> {

@@ -9,17 +9,8 @@ use exatrain_spec::presets;
 use exatrain_tune::bayes::{self, Settings, Strategy};
 use exatrain_tune::eval::CostModel;
 use exatrain_tune::exhaustive;
+use exatrain_tune::median;
 use exatrain_tune::space::{self, SpaceSpec};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -114,7 +105,7 @@ fn main() {
             let col = |k: usize| rows.iter().map(|r| r[k]).collect::<Vec<f64>>();
             let (to2, to5, to10, at30, at100) = (col(0), col(1), col(2), col(3), col(4));
             let show = |v: Vec<f64>| {
-                let m = median(v);
+                let m = median(&v);
                 if m.is_finite() {
                     format!("{m:.0}")
                 } else {
@@ -131,8 +122,8 @@ fn main() {
                 show(to2),
                 show(to5),
                 show(to10),
-                100.0 * median(at30),
-                100.0 * median(at100)
+                100.0 * median(&at30),
+                100.0 * median(&at100)
             );
         }
     }

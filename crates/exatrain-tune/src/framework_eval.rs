@@ -117,7 +117,7 @@ impl Evaluator for FrameworkEval {
             };
         }
         Outcome::Ok {
-            value: tokens / logs::median(&steps),
+            value: tokens / crate::median(&steps),
         }
     }
 }

@@ -224,21 +224,6 @@ impl FrameworkLog {
     }
 }
 
-/// The median of `v` (NaN when empty).
-pub fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +291,6 @@ mod tests {
         assert!(e.contains("no iteration lines of a known format"), "{e}");
         let e = parse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB").unwrap_err();
         assert!(e.contains("ran out of memory"), "{e}");
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(crate::median(&[3.0, 1.0, 2.0]), 2.0);
     }
 }
