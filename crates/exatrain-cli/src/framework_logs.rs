@@ -1,6 +1,6 @@
 //! Framework logs (Megatron-LM, Megatron-DeepSpeed, torchtitan) as measured runs for
-//! `calibrate --fit`: the step time from the log, the model and layout from the run file next to
-//! it (`export --format exatrain` writes one: `<log stem>.toml` or `run.toml` in the log's
+//! `calibrate --fit`: the step time from the log, the model and layout from the run file
+//! ([`exatrain_export::RunFile`]) next to it (`export --format exatrain` writes one: `<log stem>.toml` or `run.toml` in the log's
 //! folder) or, for Megatron logs, from the argument dump they print; when both are there they
 //! must agree.
 
@@ -16,14 +16,6 @@ pub const WARMUP: usize = 2;
 /// Is this file a framework log (by extension)?
 pub fn is_log(p: &Path) -> bool {
     p.extension().is_some_and(|x| x == "log" || x == "out" || x == "txt")
-}
-
-#[derive(serde::Deserialize)]
-struct RunFile {
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    #[allow(dead_code)]
-    cluster: Option<String>,
 }
 
 /// The run file describing `log`, if any.
@@ -166,10 +158,7 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
     let (model, layout) = match sidecar(path) {
         Some(f) => {
             let t = std::fs::read_to_string(&f).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
-            let r: RunFile = toml::from_str(&t).map_err(|e| {
-                let msg: Vec<String> = e.to_string().lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
-                SpecError::new(format!("{}: not a run file (`export --format exatrain`): {}", f.display(), msg.join(" ")))
-            })?;
+            let r = exatrain_export::RunFile::parse(&t).map_err(|e| SpecError::new(format!("{}: {e}", f.display())))?;
             check_agrees(&name, &log, &r.model, &r.parallel)?;
             (r.model, r.parallel)
         }

@@ -22,33 +22,13 @@ pub struct PlanArgs {
     pub run: Option<std::path::PathBuf>,
 }
 
-/// A run file: what `export --format exatrain` writes.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunFile {
-    model: ModelSpec,
-    cluster: String,
-    parallel: ParallelConfig,
-}
-
 pub fn run(a: PlanArgs) -> Result<(), SpecError> {
     let (model, cluster, cfg) = match &a.run {
         Some(path) => {
             let at = path.display();
             let text =
                 std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--run {at}: cannot read: {e}")))?;
-            let r: RunFile = toml::from_str(&text).map_err(|e| {
-                let msg: Vec<String> = e
-                    .to_string()
-                    .lines()
-                    .map(|l| l.trim().to_string())
-                    .filter(|l| !l.is_empty())
-                    .collect();
-                SpecError::new(format!(
-                    "--run {at}: not a run file (`export --format exatrain`): {}",
-                    msg.join(" ")
-                ))
-            })?;
+            let r = exatrain_export::RunFile::parse(&text).map_err(|e| SpecError::new(format!("--run {at}: {e}")))?;
             let cluster = exatrain_spec::load::cluster(&r.cluster)?;
             (r.model, cluster, r.parallel)
         }

@@ -205,17 +205,37 @@ pub fn export(
     Ok(launch::files(m, cl, c, job, launcher))
 }
 
-fn run_file(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig) -> Result<Vec<File>, SpecError> {
-    #[derive(serde::Serialize)]
-    struct Run<'a> {
-        model: &'a ModelSpec,
-        cluster: &'a str,
-        parallel: &'a ParallelConfig,
+/// exatrain's run file: what `export --format exatrain` writes, and what `plan --run` and
+/// `calibrate --fit` (beside a framework log) read.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFile {
+    pub model: ModelSpec,
+    /// The cluster preset or file the layout was planned on.
+    pub cluster: String,
+    pub parallel: ParallelConfig,
+}
+
+impl RunFile {
+    /// Read a run file; the error is one line.
+    pub fn parse(text: &str) -> Result<RunFile, String> {
+        toml::from_str(text).map_err(|e| {
+            let msg: Vec<String> = e
+                .to_string()
+                .lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect();
+            format!("not a run file (`export --format exatrain`): {}", msg.join(" "))
+        })
     }
-    let text = toml::to_string(&Run {
-        model: m,
-        cluster: &cl.name,
-        parallel: c,
+}
+
+fn run_file(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig) -> Result<Vec<File>, SpecError> {
+    let text = toml::to_string(&RunFile {
+        model: m.clone(),
+        cluster: cl.name.clone(),
+        parallel: *c,
     })
     .map_err(|e| SpecError::new(format!("--format exatrain: {e}")))?;
     Ok(vec![File {
