@@ -5,7 +5,9 @@
 use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, Recompute};
 
 use super::megatron_lm::rope_base;
-use super::{megatron_shape_flags, megatron_tail_flags, megatron_training_flags, File, Job};
+use super::{
+    megatron_shape_flags, megatron_tail_flags, megatron_training_flags, megatron_training_placeholders, File, Job,
+};
 
 fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
     let mut f = megatron_shape_flags(m);
@@ -92,18 +94,14 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
             "Megatron's sequence-parallel and TP overlap assume one hardware queue".into(),
         ));
     }
-    let placeholders = format!(
-        "TRAIN_ITERS=${{TRAIN_ITERS:-100}}        # PLACEHOLDER: iterations of this run\n\
-         LR=${{LR:-3e-4}}                        # PLACEHOLDER: peak learning rate\n\
-         MIN_LR=${{MIN_LR:-3e-5}}                # PLACEHOLDER: final learning rate (cosine decay)\n\
-         CKPT_DIR=${{CKPT_DIR:-checkpoints/{name}}}  # PLACEHOLDER: checkpoints (saved and resumed)\n\
-         SAVE_INTERVAL=${{SAVE_INTERVAL:-1000}}  # PLACEHOLDER: iterations between checkpoints\n\
+    let placeholders = megatron_training_placeholders(&m.name)
+        + &format!(
+            "\
          # PLACEHOLDER: data (Megatron-DeepSpeed has no mock data). The null tokenizer builds the\n\
          # planned vocabulary ({vocab} = --vocab-size + 1 end-of-document id) over pre-tokenized\n\
          # data; with a real tokenizer, e.g. --tokenizer-type GPT2BPETokenizer --vocab-file ... --merge-file ...\n\
          DATA_PATH=${{DATA_PATH:-/path/to/prefix_text_document}}\n\
          DATA_ARGS=${{DATA_ARGS:---data-path $DATA_PATH --split 949,50,1 --tokenizer-type NullTokenizer --vocab-size {v1}}}\n",
-        name = m.name,
         vocab = m.vocab,
         v1 = m.vocab - 1,
     );
@@ -114,6 +112,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
         flags,
         placeholders,
         run_from: "the root of a Megatron-DeepSpeed checkout (pretrain_gpt.py), next to ds_config.json".into(),
+        job_dir_var: None,
         files: vec![File {
             name: "ds_config.json".into(),
             contents: serde_json::to_string_pretty(&ds).expect("json") + "\n",

@@ -2,7 +2,7 @@
 //! `rank.sh` (Slurm: one task per GPU; the wrapper turns Slurm's task variables into the ones
 //! `torch.distributed` reads: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT).
 
-use exatrain_spec::{ClusterSpec, Framework, ModelSpec, ParallelConfig};
+use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig};
 
 use super::{shape, File, Job, Launcher};
 
@@ -60,8 +60,10 @@ pub fn files(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: Job, laun
             s.push_str(
                 "MASTER_ADDR=${MASTER_ADDR:-localhost}\nMASTER_PORT=${MASTER_PORT:-29500}\nNODE_RANK=${NODE_RANK:-0}\n",
             );
-            if job.framework == Framework::Torchtitan {
-                s.push_str("RECIPE_DIR=${RECIPE_DIR:-$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)}\n");
+            if let Some(var) = job.job_dir_var {
+                s.push_str(&format!(
+                    "{var}=${{{var}:-$(cd \"$(dirname \"${{BASH_SOURCE[0]}}\")\" && pwd)}}\n"
+                ));
             }
             s.push_str(&job.placeholders);
             s.push_str("# ----------------------\n\n");
@@ -101,8 +103,8 @@ pub fn files(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: Job, laun
                 s.push_str(&format!("module load {module}\n"));
             }
             s.push_str("# ---- placeholders ----\n");
-            if job.framework == Framework::Torchtitan {
-                s.push_str("RECIPE_DIR=${RECIPE_DIR:-$SLURM_SUBMIT_DIR}\n");
+            if let Some(var) = job.job_dir_var {
+                s.push_str(&format!("{var}=${{{var}:-$SLURM_SUBMIT_DIR}}\n"));
             }
             s.push_str(&job.placeholders);
             s.push_str("# ----------------------\n\n");

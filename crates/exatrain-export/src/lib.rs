@@ -82,6 +82,9 @@ pub struct Job {
     pub placeholders: String,
     /// Where to run from (a comment).
     pub run_from: String,
+    /// A variable the launcher sets to the folder holding the job's files (torchtitan imports
+    /// its recipe from there), unless the user set it.
+    pub job_dir_var: Option<&'static str>,
     pub files: Vec<File>,
 }
 
@@ -177,6 +180,17 @@ fn megatron_training_flags(extra: &[&str]) -> Vec<String> {
     .chain(extra)
     .map(|s| s.to_string())
     .collect()
+}
+
+/// The shell lines defining the placeholders [`megatron_training_flags`] uses.
+fn megatron_training_placeholders(name: &str) -> String {
+    format!(
+        "TRAIN_ITERS=${{TRAIN_ITERS:-100}}        # PLACEHOLDER: iterations of this run\n\
+         LR=${{LR:-3e-4}}                        # PLACEHOLDER: peak learning rate\n\
+         MIN_LR=${{MIN_LR:-3e-5}}                # PLACEHOLDER: final learning rate (cosine decay)\n\
+         CKPT_DIR=${{CKPT_DIR:-checkpoints/{name}}}  # PLACEHOLDER: checkpoints (saved and resumed)\n\
+         SAVE_INTERVAL=${{SAVE_INTERVAL:-1000}}  # PLACEHOLDER: iterations between checkpoints\n"
+    )
 }
 
 /// Export a layout.

@@ -3,7 +3,7 @@
 
 use exatrain_spec::{Dtype, Framework, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, Recompute};
 
-use super::{megatron_shape_flags, megatron_tail_flags, megatron_training_flags, Job};
+use super::{megatron_shape_flags, megatron_tail_flags, megatron_training_flags, megatron_training_placeholders, Job};
 
 /// The model flags: everything Megatron needs to build exactly the planned model.
 fn model_flags(m: &ModelSpec, tp: u32) -> Result<Vec<String>, String> {
@@ -124,20 +124,16 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
             "Megatron-LM asserts it with tensor parallelism before Blackwell (one queue keeps TP communication ahead of compute)".into(),
         ));
     }
-    let placeholders = format!(
-        "TRAIN_ITERS=${{TRAIN_ITERS:-100}}        # PLACEHOLDER: iterations of this run\n\
-         LR=${{LR:-3e-4}}                        # PLACEHOLDER: peak learning rate\n\
-         MIN_LR=${{MIN_LR:-3e-5}}                # PLACEHOLDER: final learning rate (cosine decay)\n\
-         CKPT_DIR=${{CKPT_DIR:-checkpoints/{name}}}  # PLACEHOLDER: checkpoints (saved and resumed)\n\
-         SAVE_INTERVAL=${{SAVE_INTERVAL:-1000}}  # PLACEHOLDER: iterations between checkpoints\n\
+    let placeholders = megatron_training_placeholders(&m.name)
+        + &format!(
+            "\
          # PLACEHOLDER: data. The default trains on mock data with a null tokenizer of the planned\n\
          # vocabulary ({vocab}), which runs as is; for real data, e.g.\n\
          #   DATA_ARGS=\"--data-path /path/to/prefix_text_document --split 949,50,1 \\\n\
          #     --tokenizer-type HuggingFaceTokenizer --tokenizer-model /path/to/tokenizer\"\n\
          DATA_ARGS=${{DATA_ARGS:---mock-data --tokenizer-type NullTokenizer --vocab-size {vocab}}}\n",
-        name = m.name,
-        vocab = m.vocab,
-    );
+            vocab = m.vocab,
+        );
     Ok(Job {
         framework: Framework::MegatronLm,
         env,
@@ -145,6 +141,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
         flags,
         placeholders,
         run_from: "the root of a Megatron-LM checkout (pretrain_gpt.py)".into(),
+        job_dir_var: None,
         files: Vec::new(),
     })
 }

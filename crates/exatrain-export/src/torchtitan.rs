@@ -108,6 +108,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
             m.name
         ),
         run_from: "the root of a torchtitan checkout".into(),
+        job_dir_var: Some("RECIPE_DIR"),
         files: vec![File {
             name: "exatrain_recipe.py".into(),
             contents: py,
