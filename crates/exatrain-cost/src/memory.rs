@@ -6,7 +6,7 @@
 //! with TP, `s·b·h/t·(34 + 5·a·s/h)` with TP + SP, the `5·a·s/h` term removed by selective
 //! recomputation (or flash attention), and `2·s·b·h` (/t with SP) under full recomputation.
 
-use exatrain_spec::{Mlp, ModelSpec, ParallelConfig, Position, Recompute};
+use exatrain_spec::{Mlp, ModelSpec, ParallelConfig, Position, Recompute, StageLayers};
 
 /// Activation bytes one block stores for backward, one microbatch, one device.
 pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
@@ -61,17 +61,11 @@ pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
 
 /// Parameters held by one device of a pipeline stage (before ZeRO sharding) for one TP rank:
 /// (first stage, an inner stage, last stage). The first holds the embedding, the last the head;
-/// with uneven stages each holds its own number of layers. With one stage all three are equal.
-pub fn stage_params(m: &ModelSpec, p: &ParallelConfig) -> (f64, f64, f64) {
+/// `st` is the layout's split ([`ParallelConfig::stage_layers`]). With one stage all three are equal.
+pub fn stage_params(m: &ModelSpec, p: &ParallelConfig, st: &StageLayers) -> (f64, f64, f64) {
     let t = p.tp as f64;
     let (bias_sharded, bias_replicated) = m.layer_bias_params();
     let block = (m.layer_matrix_params() + bias_sharded) as f64 / t + (bias_replicated + 2 * m.norm_params()) as f64;
-    let st = p.stage_layers(m).unwrap_or(exatrain_spec::StageLayers {
-        pp: p.pp,
-        first: m.layers / p.pp.max(1),
-        middle: m.layers / p.pp.max(1),
-        last: m.layers / p.pp.max(1),
-    });
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
     let pos = match m.position {
         Position::Learned => m.seq_len as f64 * m.hidden as f64,

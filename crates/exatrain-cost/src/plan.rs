@@ -173,7 +173,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp);
 
     // --- data parallel and the optimizer
-    let (first_p, mid_p, last_p) = memory::stage_params(m, p);
+    let (first_p, mid_p, last_p) = memory::stage_params(m, p, &st);
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
     let grad_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
