@@ -147,7 +147,6 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
     if let Some(csv) = &a.fit_runs {
         runs.extend(csv_runs(csv, a.model.as_deref(), &base.name)?);
     }
-    let only_steps = runs.iter().all(|r| r.step_s.is_some());
     let fit = exatrain_cost::fit::fit(&base, &runs)?;
     fit.cluster.validate()?;
     if !(fit.rms_log_error_after <= fit.rms_log_error_before) {
@@ -169,7 +168,7 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
             } else {
                 format!(
                     "{name} kept ({})",
-                    if only_steps {
+                    if fit.step_times_only {
                         "step times alone cannot tell it from compute and bandwidth"
                     } else {
                         "no measured term depends on it"

@@ -92,14 +92,13 @@ pub struct Fit {
     /// root-mean-square of ln(predicted / measured) over the terms, before and after
     pub rms_log_error_before: f64,
     pub rms_log_error_after: f64,
+    /// only whole-step times were measured, so memory and latency were kept: a step time cannot
+    /// tell them from compute and bandwidth
+    pub step_times_only: bool,
 }
 
 /// The time terms compared, by name.
 const TERMS: [&str; 5] = ["compute", "tp_comm", "dp_comm", "optimizer", "step"];
-
-fn term(t: &[f64; 5], i: usize) -> f64 {
-    t[i]
-}
 
 /// A run's measured terms, in [`TERMS`] order.
 fn measured(run: &Measured) -> [f64; 5] {
@@ -123,7 +122,7 @@ fn used_terms(base: &ClusterSpec, runs: &[Measured]) -> Result<Vec<[bool; 5]>, S
         .map(|run| {
             let p = predict(base, run)?;
             let m = measured(run);
-            Ok(std::array::from_fn(|i| term(&m, i) > 0.0 && term(&p, i) > 0.0))
+            Ok(std::array::from_fn(|i| m[i] > 0.0 && p[i] > 0.0))
         })
         .collect()
 }
@@ -135,7 +134,7 @@ fn residuals(c: &ClusterSpec, runs: &[Measured], used: &[[bool; 5]]) -> Result<V
         let p = predict(c, run)?;
         let m = measured(run);
         for i in (0..TERMS.len()).filter(|i| u[*i]) {
-            r.push((term(&p, i).max(1e-12) / term(&m, i)).ln());
+            r.push((p[i].max(1e-12) / m[i]).ln());
         }
     }
     Ok(r)
@@ -207,10 +206,10 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
         Ok(r.iter().zip(&r0).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
     };
     // step times alone cannot tell memory and latency from compute and bandwidth
-    let only_steps = used.iter().all(|u| !u[..4].iter().any(|x| *x));
+    let step_times_only = used.iter().all(|u| !u[..4].iter().any(|x| *x));
     let mut free = Vec::new();
     for f in FACTORS {
-        if only_steps && matches!(f, Factor::Memory | Factor::Latency) {
+        if step_times_only && matches!(f, Factor::Memory | Factor::Latency) {
             continue;
         }
         if sens(f)? > 1e-4 {
@@ -295,5 +294,6 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
         terms: r.len(),
         rms_log_error_before: rms(&r0),
         rms_log_error_after: rms(&r),
+        step_times_only,
     })
 }
