@@ -126,7 +126,7 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
     for f in &a.fit {
         files.extend(reports::files(f, "--fit")?);
     }
-    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|f| crate::framework_logs::is_log(f));
+    let (logs, jsons) = crate::framework_logs::split(files);
     let mut runs = reports::read(&jsons)?
         .iter()
         .map(|(name, v)| reports::measured(name, v, a.model.as_deref()))

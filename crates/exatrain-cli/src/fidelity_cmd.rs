@@ -39,7 +39,7 @@ pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
         "a relative error ≥ 0 (0.1 = 10 %)",
     )?;
     let files = reports::files(&a.runs, "--runs")?;
-    let (logs, jsons): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|f| crate::framework_logs::is_log(f));
+    let (logs, jsons) = crate::framework_logs::split(files);
     let mut runs = reports::read(&jsons)?;
     let cluster = a.cluster.as_deref().map(exatrain_spec::load::cluster).transpose()?;
     if let Some(cluster) = &cluster {

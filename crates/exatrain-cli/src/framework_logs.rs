@@ -18,6 +18,11 @@ pub fn is_log(p: &Path) -> bool {
     p.extension().is_some_and(|x| x == "log" || x == "out" || x == "txt")
 }
 
+/// `files` split into (framework logs, trainer reports).
+pub fn split(files: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    files.into_iter().partition(|f| is_log(f))
+}
+
 /// The run file describing `log`, if any.
 fn sidecar(log: &Path) -> Option<PathBuf> {
     let own = log.with_extension("toml");

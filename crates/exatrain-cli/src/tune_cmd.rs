@@ -478,25 +478,18 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
                     "--no-trend sets the Bayesian surrogate's mean: use it with --strategy bayes",
                 ));
             }
-            if let Some(f) = meta.evaluator.framework() {
-                if a.out.is_none() {
-                    return Err(SpecError::new(format!(
-                        "--evaluator {f} needs --out DIR (the trial jobs, their logs and the results store go there)"
-                    )));
-                }
-            }
-            if meta.evaluator == EvaluatorArg::Train {
-                if a.out.is_none() {
-                    return Err(SpecError::new(
-                        "--evaluator train needs --out DIR (the trial runs and the results store go there)",
-                    ));
-                }
-                if meta.trial_steps < 2 {
-                    return Err(SpecError::new(format!(
-                        "--trial-steps {}: at least 2 (the first step is warm-up and not timed)",
-                        meta.trial_steps
-                    )));
-                }
+            // evaluators that run jobs keep them, and the results store, in --out
+            let keeps = match meta.evaluator {
+                EvaluatorArg::Train => Some("the trial runs and the results store go there"),
+                e if e.framework().is_some() => Some("the trial jobs, their logs and the results store go there"),
+                _ => None,
+            };
+            if let (Some(what), None) = (keeps, &a.out) {
+                let name = meta.evaluator.to_possible_value().expect("a value");
+                return Err(SpecError::new(format!(
+                    "--evaluator {} needs --out DIR ({what})",
+                    name.get_name()
+                )));
             }
             preflight(&meta)?;
             let store = match &a.out {
@@ -553,6 +546,12 @@ fn preflight(meta: &Meta) -> Result<(), SpecError> {
                 return Err(SpecError::new(format!(
                     "--evaluator train: model vocab {v} must be in {}..=65535 (the trainer's byte-level tokenizer and u16 shards)",
                     exatrain_train::data::MIN_VOCAB
+                )));
+            }
+            if meta.trial_steps < 2 {
+                return Err(SpecError::new(format!(
+                    "--trial-steps {}: at least 2 (the first step is warm-up and not timed)",
+                    meta.trial_steps
                 )));
             }
             if meta.trial_steps > 1_000_000 {
