@@ -191,10 +191,7 @@ impl Trainer {
     /// Start a run of `spec` on `data_dir`, checkpointing into `out`.
     pub fn new(spec: ModelSpec, cfg: TrainConfig, data_dir: &Path, out: &Path) -> Result<Trainer, SpecError> {
         cfg.check()?;
-        let shape = GptShape::from_spec(&spec)?;
-        let data = Dataset::open(data_dir, shape.max_seq)?;
-        data.check_vocab(shape.vocab, &spec.name)?;
-        let tokenizer = data::load_tokenizer(data_dir)?;
+        let (shape, data, tokenizer) = open_data(&spec, data_dir)?;
         std::fs::create_dir_all(out)
             .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
         let model = Gpt::<f32>::new(shape, cfg.seed);
@@ -382,6 +379,14 @@ pub fn stored_config(state: &State, dir: &Path) -> Result<TrainConfig, SpecError
 }
 
 /// Autoregressive sampling with temperature, from a model and its tokenizer.
+/// The model's shape, its tokenized data (checked against its vocabulary) and the tokenizer.
+fn open_data(spec: &ModelSpec, data_dir: &Path) -> Result<(GptShape, Dataset, tokenizers::Tokenizer), SpecError> {
+    let shape = GptShape::from_spec(spec)?;
+    let data = Dataset::open(data_dir, shape.max_seq)?;
+    data.check_vocab(shape.vocab, &spec.name)?;
+    Ok((shape, data, data::load_tokenizer(data_dir)?))
+}
+
 /// Mean validation loss of `model` over `cfg.eval_batches` fixed batches of micro-batch size.
 fn val_loss(
     model: &mut Gpt<f32>,
@@ -413,13 +418,11 @@ pub struct Evaluation {
 
 impl Evaluation {
     pub fn new(spec: &ModelSpec, cfg: &TrainConfig, data_dir: &Path) -> Result<Evaluation, SpecError> {
-        let shape = GptShape::from_spec(spec)?;
-        let data = Dataset::open(data_dir, shape.max_seq)?;
-        data.check_vocab(shape.vocab, &spec.name)?;
+        let (shape, data, tokenizer) = open_data(spec, data_dir)?;
         Ok(Evaluation {
             model: Gpt::<f32>::new(shape, cfg.seed),
             data,
-            tokenizer: data::load_tokenizer(data_dir)?,
+            tokenizer,
             cfg: cfg.clone(),
             tokens: Vec::new(),
             targets: Vec::new(),
