@@ -71,25 +71,7 @@ fn csv_runs(
                 run.name, c.cluster.name
             )));
         }
-        let gpus = c.cfg.gpus() as f64;
-        let step = match c.metric.as_str() {
-            "hfu_tflops" => {
-                exatrain_cost::flops::megatron_formula(
-                    &c.model,
-                    c.cfg.global_batch,
-                    c.cfg.recompute == exatrain_spec::Recompute::Full,
-                ) / (c.measured * 1e12 * gpus)
-            }
-            "tflops" => exatrain_cost::flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * 1e12 * gpus),
-            _ => {
-                let d = &c.cluster.device;
-                let peak = match c.cfg.dtype {
-                    exatrain_spec::Dtype::Bf16 => d.peak_tflops_bf16,
-                    exatrain_spec::Dtype::Fp32 => d.peak_tflops_fp32,
-                } * 1e12;
-                exatrain_cost::flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * peak * gpus)
-            }
-        };
+        let step = crate::validate::measured_step(&c);
         if !(step.is_finite() && step > 0.0) {
             return Err(SpecError::new(format!(
                 "--fit-runs {at}: run {}: measured {} {} gives no step time",

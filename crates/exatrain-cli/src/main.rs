@@ -14,6 +14,7 @@ mod table;
 mod train_cmd;
 mod tune_cmd;
 mod validate;
+mod validate_sources;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 

@@ -22,6 +22,12 @@ pub struct ValidateArgs {
     /// report the fitted values with their in-sample and leave-one-out errors.
     #[arg(long)]
     pub fit: bool,
+    /// Report the error per source (the CSV's `source` column): zero-shot (the cluster's compute
+    /// factor fitted only to the other sources' runs on that cluster, or the preset as it is when
+    /// no other source ran there) and one-shot (fitted to the source's smallest run only,
+    /// predicting its other runs).
+    #[arg(long)]
+    pub per_source: bool,
 }
 
 /// One measured run (a row of the CSV).
@@ -44,9 +50,59 @@ pub struct Run {
     pub recompute: String,
     pub seq_parallel: String,
     pub cluster: String,
-    /// hfu_tflops | mfu
+    /// hfu_tflops | mfu | tflops | step_s
     pub metric: String,
     pub measured: f64,
+    /// where the row was published (a short citation); rows without one form the source "-"
+    #[serde(default = "dash")]
+    pub source: String,
+    /// flash attention: yes | no (default no)
+    #[serde(default = "no")]
+    pub flash: String,
+}
+
+fn dash() -> String {
+    "-".into()
+}
+fn no() -> String {
+    "no".into()
+}
+
+/// The columns a runs CSV may have; the first 18 are required.
+pub const COLUMNS: [&str; 21] = [
+    "name",
+    "params_b",
+    "layers",
+    "hidden",
+    "heads",
+    "seq",
+    "vocab",
+    "gpus",
+    "tp",
+    "pp",
+    "dp",
+    "mbs",
+    "gbs",
+    "interleave",
+    "recompute",
+    "seq_parallel",
+    "cluster",
+    "metric",
+    "measured",
+    "source",
+    "flash",
+];
+
+const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
+
+fn yes_no(v: &str, field: &str, run: &str) -> Result<bool, SpecError> {
+    match v {
+        "yes" | "true" | "1" => Ok(true),
+        "no" | "false" | "0" => Ok(false),
+        other => Err(SpecError::new(format!(
+            "run {run}: {field} `{other}` is not known (allowed: yes, no)"
+        ))),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -89,9 +145,31 @@ pub fn predict_case(c: &Case, cluster: &exatrain_spec::ClusterSpec) -> Result<f6
         ),
         "mfu" => Ok(p.mfu),
         "tflops" => Ok(p.tflops_per_gpu),
+        "step_s" => Ok(p.step_time_s),
         other => Err(SpecError::new(format!(
-            "metric `{other}` is not known (allowed: hfu_tflops, mfu, tflops)"
+            "metric `{other}` is not known (allowed: {METRICS})"
         ))),
+    }
+}
+
+/// The seconds one step of a case took, from its measured metric.
+pub fn measured_step(c: &Case) -> f64 {
+    let gpus = c.cfg.gpus() as f64;
+    match c.metric.as_str() {
+        "hfu_tflops" => {
+            flops::megatron_formula(&c.model, c.cfg.global_batch, c.cfg.recompute == Recompute::Full)
+                / (c.measured * 1e12 * gpus)
+        }
+        "tflops" => flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * 1e12 * gpus),
+        "step_s" => c.measured,
+        _ => {
+            let d = &c.cluster.device;
+            let peak = match c.cfg.dtype {
+                exatrain_spec::Dtype::Bf16 => d.peak_tflops_bf16,
+                exatrain_spec::Dtype::Fp32 => d.peak_tflops_fp32,
+            } * 1e12;
+            flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * peak * gpus)
+        }
     }
 }
 
@@ -128,16 +206,23 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     let cfg = ParallelConfig {
         zero: 0,
         recompute,
-        sequence_parallel: matches!(run.seq_parallel.as_str(), "yes" | "true" | "1"),
+        sequence_parallel: yes_no(&run.seq_parallel, "seq_parallel", &run.name)?,
+        flash_attention: yes_no(&run.flash, "flash", &run.name)?,
         virtual_stages,
         ..ParallelConfig::new(run.tp, run.pp, run.dp, run.mbs, run.gbs)
     };
     cfg.check(&model, run.gpus)
         .map_err(|e| SpecError::new(format!("run {}: {e}", run.name)))?;
-    if !matches!(run.metric.as_str(), "hfu_tflops" | "mfu" | "tflops") {
+    if !matches!(run.metric.as_str(), "hfu_tflops" | "mfu" | "tflops" | "step_s") {
         return Err(SpecError::new(format!(
-            "run {}: metric `{}` is not known (allowed: hfu_tflops, mfu, tflops)",
+            "run {}: metric `{}` is not known (allowed: {METRICS})",
             run.name, run.metric
+        )));
+    }
+    if !(run.measured.is_finite() && run.measured > 0.0) {
+        return Err(SpecError::new(format!(
+            "run {}: measured must be a positive number, got {}",
+            run.name, run.measured
         )));
     }
     Ok(Case {
@@ -187,6 +272,18 @@ pub fn read_runs(text: &str, origin: &str) -> Result<Vec<Run>, SpecError> {
         .comment(Some(b'#'))
         .trim(csv::Trim::All)
         .from_reader(text.as_bytes());
+    let header = rdr
+        .headers()
+        .map_err(|e| SpecError::new(format!("{origin}: header: {e}")))?
+        .clone();
+    for h in header.iter() {
+        if !COLUMNS.contains(&h) {
+            return Err(SpecError::new(format!(
+                "{origin}: column `{h}` is not known (allowed: {})",
+                COLUMNS.join(", ")
+            )));
+        }
+    }
     let mut runs = Vec::new();
     for (i, r) in rdr.deserialize().enumerate() {
         let run: Run = r.map_err(|e| SpecError::new(format!("{origin}: row {}: {e}", i + 1)))?;
@@ -252,6 +349,13 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
             100.0 * loo.iter().cloned().fold(0.0, f64::max)
         );
     }
+    let per_source = if a.per_source {
+        let cases: Vec<Case> = runs.iter().map(to_case).collect::<Result<_, _>>()?;
+        let sources: Vec<String> = runs.iter().map(|r| r.source.clone()).collect();
+        Some(crate::validate_sources::per_source(&cases, &sources)?)
+    } else {
+        None
+    };
     let errs: Vec<f64> = rows.iter().map(|r| r.rel_error.abs()).collect();
     let med = median(&errs);
     let (worst_i, max) = errs
@@ -261,7 +365,7 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
     if a.json {
         let out = serde_json::json!({
             "runs": rows, "median_abs_rel_error": med, "max_abs_rel_error": max,
-            "worst": rows[worst_i].name,
+            "worst": rows[worst_i].name, "per_source": per_source,
         });
         println!("{out}");
     } else {
@@ -285,6 +389,10 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
             100.0 * max,
             rows[worst_i].name
         );
+        if let Some(p) = &per_source {
+            println!();
+            crate::validate_sources::print(p);
+        }
     }
     Ok(())
 }

@@ -1,0 +1,192 @@
+//! `exatrain validate --per-source`: how well the planner predicts a source's runs that it was
+//! never fitted to (zero-shot), and after one short run of that source (one-shot).
+//!
+//! The part of a cluster spec fitted here is its compute factor (the stack's kernel efficiency
+//! relative to the spec: `calibrate`'s `Factor::Compute`), one number, so that a single run
+//! determines it. Zero-shot: fitted to the runs of every *other* source on the same cluster
+//! (leave-one-source-out); when no other source ran there, the preset is used as it is. One-shot:
+//! fitted to the source's smallest run (fewest GPUs, then fewest parameters) alone, then the
+//! source's other runs are predicted.
+
+use exatrain_cost::fit::Factor;
+use exatrain_spec::{ClusterSpec, SpecError};
+use exatrain_tune::median;
+use serde::Serialize;
+
+use crate::validate::{measured_step, predict_case, Case};
+
+/// One source's errors (fractions, signed per run).
+#[derive(Debug, Serialize)]
+pub struct SourceRow {
+    pub source: String,
+    pub cluster: String,
+    pub runs: usize,
+    /// runs of other sources the zero-shot factor was fitted to (0: the preset as it is)
+    pub zero_shot_fitted_to: usize,
+    pub zero_shot_compute_factor: f64,
+    pub zero_shot_errors: Vec<f64>,
+    /// the run the one-shot factor was fitted to
+    pub one_shot_run: String,
+    pub one_shot_compute_factor: f64,
+    /// errors on the source's other runs (empty when it has one run)
+    pub one_shot_errors: Vec<f64>,
+}
+
+fn scaled(base: &ClusterSpec, x: f64) -> ClusterSpec {
+    let mut c = base.clone();
+    Factor::Compute.apply(&mut c, x);
+    c
+}
+
+/// Sum of squared log errors of the predicted step times on `cluster × factor`.
+fn loss(cases: &[&Case], base: &ClusterSpec, x: f64) -> f64 {
+    let c = scaled(base, x);
+    cases
+        .iter()
+        .map(|k| match exatrain_cost::plan(&k.model, &c, &k.cfg) {
+            Ok(p) => (p.step_time_s / measured_step(k)).ln().powi(2),
+            Err(_) => f64::INFINITY,
+        })
+        .sum()
+}
+
+/// The compute factor (0.25..4) that best fits `cases`' step times: golden-section search on its
+/// logarithm (a step time falls monotonically with the factor, so the loss has one minimum).
+pub fn fit_compute(cases: &[&Case], base: &ClusterSpec) -> f64 {
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (0.25f64.ln(), 4f64.ln());
+    for _ in 0..60 {
+        let c = b - g * (b - a);
+        let d = a + g * (b - a);
+        if loss(cases, base, c.exp()) <= loss(cases, base, d.exp()) {
+            b = d;
+        } else {
+            a = c;
+        }
+    }
+    ((a + b) / 2.0).exp()
+}
+
+fn errors(cases: &[&Case], cluster: &ClusterSpec) -> Result<Vec<f64>, SpecError> {
+    cases
+        .iter()
+        .map(|c| predict_case(c, cluster).map(|p| (p - c.measured) / c.measured))
+        .collect()
+}
+
+/// Zero-shot and one-shot errors of every source in `cases` (`sources[i]` is case i's source).
+pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, SpecError> {
+    let mut names: Vec<&String> = sources.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut rows = Vec::new();
+    for s in names {
+        let mine: Vec<&Case> = cases
+            .iter()
+            .zip(sources)
+            .filter(|(_, x)| *x == s)
+            .map(|(c, _)| c)
+            .collect();
+        let cluster = mine[0].cluster.name.clone();
+        if let Some(c) = mine.iter().find(|c| c.cluster.name != cluster) {
+            return Err(SpecError::new(format!(
+                "--per-source: source {s} ran on {cluster} and on {}: give each machine's runs their own source",
+                c.cluster.name
+            )));
+        }
+        let base = mine[0].cluster.clone();
+        let others: Vec<&Case> = cases
+            .iter()
+            .zip(sources)
+            .filter(|(c, x)| *x != s && c.cluster.name == cluster)
+            .map(|(c, _)| c)
+            .collect();
+        let zero = if others.is_empty() {
+            1.0
+        } else {
+            fit_compute(&others, &base)
+        };
+        let zero_shot_errors = errors(&mine, &scaled(&base, zero))?;
+        let smallest = mine
+            .iter()
+            .copied()
+            .min_by(|a, b| {
+                (a.cfg.gpus(), a.model.params())
+                    .partial_cmp(&(b.cfg.gpus(), b.model.params()))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
+            .expect("a source has a run");
+        let one = fit_compute(&[smallest], &base);
+        let rest: Vec<&Case> = mine.iter().copied().filter(|c| !std::ptr::eq(*c, smallest)).collect();
+        rows.push(SourceRow {
+            source: s.clone(),
+            cluster,
+            runs: mine.len(),
+            zero_shot_fitted_to: others.len(),
+            zero_shot_compute_factor: zero,
+            zero_shot_errors,
+            one_shot_run: smallest.model.name.clone(),
+            one_shot_compute_factor: one,
+            one_shot_errors: errors(&rest, &scaled(&base, one))?,
+        });
+    }
+    Ok(rows)
+}
+
+fn med_max(e: &[f64]) -> (f64, f64) {
+    let a: Vec<f64> = e.iter().map(|x| x.abs()).collect();
+    (median(&a), a.iter().cloned().fold(0.0, f64::max))
+}
+
+/// The table `validate --per-source` prints.
+pub fn print(rows: &[SourceRow]) {
+    println!(
+        "{:<18} {:<9} {:>4}  {:>24}  {:>9} {:>8}  {:>17}  {:>9} {:>8}",
+        "source", "cluster", "runs", "zero-shot: factor from", "median", "max", "one-shot: factor", "median", "max"
+    );
+    let (mut all0, mut all1) = (Vec::new(), Vec::new());
+    for r in rows {
+        let (m0, x0) = med_max(&r.zero_shot_errors);
+        let from = if r.zero_shot_fitted_to == 0 {
+            "preset ×1.000".to_string()
+        } else {
+            format!(
+                "{} other runs ×{:.3}",
+                r.zero_shot_fitted_to, r.zero_shot_compute_factor
+            )
+        };
+        let one = if r.one_shot_errors.is_empty() {
+            format!("{:>17}  {:>9} {:>8}", "(one run)", "-", "-")
+        } else {
+            let (m1, x1) = med_max(&r.one_shot_errors);
+            format!(
+                "{:>17}  {:>8.1}% {:>7.1}%",
+                format!("×{:.3}", r.one_shot_compute_factor),
+                100.0 * m1,
+                100.0 * x1
+            )
+        };
+        println!(
+            "{:<18} {:<9} {:>4}  {:>24}  {:>8.1}% {:>7.1}%  {one}",
+            r.source,
+            r.cluster,
+            r.runs,
+            from,
+            100.0 * m0,
+            100.0 * x0
+        );
+        all0.extend(&r.zero_shot_errors);
+        all1.extend(&r.one_shot_errors);
+    }
+    let (m0, x0) = med_max(&all0);
+    let (m1, x1) = med_max(&all1);
+    println!(
+        "\nall sources: zero-shot median |error| {:.1} %, max {:.1} % ({} runs); one-shot median {:.1} %, max {:.1} % ({} runs)",
+        100.0 * m0,
+        100.0 * x0,
+        all0.len(),
+        100.0 * m1,
+        100.0 * x1,
+        all1.len()
+    );
+}
