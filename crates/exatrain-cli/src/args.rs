@@ -70,6 +70,10 @@ pub struct LayoutArgs {
     /// Do not overlap the data-parallel reduction with backward.
     #[arg(long)]
     pub no_overlap_dp: bool,
+    /// Overlap tensor-parallel communication with the GEMMs (Megatron-LM's --tp-comm-overlap;
+    /// needs --sequence-parallel).
+    #[arg(long)]
+    pub overlap_tp: bool,
     /// Rank order, innermost first (a permutation of tp, dp, pp).
     #[arg(long, default_value = "tp-dp-pp")]
     pub order: String,
@@ -102,6 +106,7 @@ impl LayoutArgs {
             flash_attention: self.flash_attention,
             dtype: self.dtype.parse::<Dtype>()?,
             overlap_dp: !self.no_overlap_dp,
+            overlap_tp: self.overlap_tp,
             order: self.order.parse::<RankOrder>()?,
             first_stage_layers: self.first_stage_layers,
             last_stage_layers: self.last_stage_layers,

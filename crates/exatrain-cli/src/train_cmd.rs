@@ -219,6 +219,8 @@ impl RunLayout {
             flash_attention: false,
             dtype: Dtype::Fp32,
             overlap_dp: !self.no_overlap_dp,
+            // the trainer does not overlap its TP collectives
+            overlap_tp: false,
             order: self.order.parse::<RankOrder>()?,
             first_stage_layers: self.first_stage_layers,
             last_stage_layers: self.last_stage_layers,

@@ -59,6 +59,12 @@ pub struct Run {
     /// flash attention: yes | no (default no)
     #[serde(default = "no")]
     pub flash: String,
+    /// ZeRO stage (Megatron's distributed optimizer = 1; default 0)
+    #[serde(default)]
+    pub zero: u8,
+    /// TP communication overlap (--tp-comm-overlap): yes | no (default no)
+    #[serde(default = "no")]
+    pub overlap_tp: String,
 }
 
 fn dash() -> String {
@@ -69,7 +75,7 @@ fn no() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 21] = [
+pub const COLUMNS: [&str; 23] = [
     "name",
     "params_b",
     "layers",
@@ -91,6 +97,8 @@ pub const COLUMNS: [&str; 21] = [
     "measured",
     "source",
     "flash",
+    "zero",
+    "overlap_tp",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -204,7 +212,8 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         }
     };
     let cfg = ParallelConfig {
-        zero: 0,
+        zero: run.zero,
+        overlap_tp: yes_no(&run.overlap_tp, "overlap_tp", &run.name)?,
         recompute,
         sequence_parallel: yes_no(&run.seq_parallel, "seq_parallel", &run.name)?,
         flash_attention: yes_no(&run.flash, "flash", &run.name)?,

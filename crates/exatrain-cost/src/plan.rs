@@ -7,6 +7,12 @@ use crate::comm::{self, group_link};
 use crate::compute::{self, Device};
 use crate::{flops, memory};
 
+/// Megatron-LM's DDP bucket: at least this many parameters (`bucket_size` default 40 M) ...
+const BUCKET_PARAMS: f64 = 40e6;
+/// ... and at least this many per data-parallel rank (1 M · dp), so buckets stay large enough
+/// to keep the ring's bandwidth at scale.
+const BUCKET_PARAMS_PER_DP: f64 = 1e6;
+
 /// Bytes held by one device at its peak (the pipeline stage that holds the most).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Memory {
@@ -116,6 +122,16 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         0.0
     };
     let tp_block = collectives * per_pair + 2.0 * regather;
+    // With TP communication overlap (Transformer Engine userbuffers) each all-gather /
+    // reduce-scatter is split into t chunks pipelined with the GEMM next to it: only the first
+    // chunk waits, unless the communication outlasts the block's GEMMs.
+    let tp_block = if p.overlap_tp && tp > 1 {
+        let passes = if p.recompute == Recompute::Full { 4.0 } else { 3.0 };
+        let gemm = passes * compute::block_forward(m, p, &d).gemm;
+        (tp_block - gemm).max(tp_block / tp as f64)
+    } else {
+        tp_block
+    };
     // The vocabulary-parallel embedding reduces its output; the head reduces its input gradient.
     let (first_tp, last_tp) = if pp == 1 {
         (
@@ -178,9 +194,17 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let grad_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
     let bwd_mb = stage_c * 2.0 / 3.0; // the backward part of one microbatch
+    let fwd_mb = stage_c / 3.0; // the forward part of one microbatch
+                                // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of
+                                // max(40 M, 1 M·dp) parameters as backward produces them, so the reduction hides behind the
+                                // last microbatch's backward except for the last bucket, which is ready only when backward
+                                // ends; the distributed optimizer's parameter all-gather (ZeRO-1/2) hides behind the next
+                                // step's first forward except for the first bucket, which the first layer waits for.
+    let bucket = (BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64) * e).min(grad_bytes);
+    let tail = if grad_bytes > 0.0 { bucket / grad_bytes } else { 0.0 };
     let hide = |t: f64, window: f64| {
         if p.overlap_dp {
-            (t - window).max(0.0)
+            (t - window).max(t * tail)
         } else {
             t
         }
@@ -199,24 +223,31 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             2.0 * ring_bytes(grad_bytes),
         ),
         1 => (
-            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb) + comm::all_gather(grad_bytes, dp, dp_link),
+            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
+                + hide(comm::all_gather(grad_bytes, dp, dp_link), fwd_mb),
             2.0 * ring_bytes(grad_bytes),
         ),
         2 => (
             mbf * hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + comm::all_gather(grad_bytes, dp, dp_link),
+                + hide(comm::all_gather(grad_bytes, dp, dp_link), fwd_mb),
             (mbf + 1.0) * ring_bytes(grad_bytes),
         ),
         _ => {
-            // ZeRO-3 gathers each block's weights before its forward and its backward, and
-            // reduce-scatters its gradients after: 3 collectives per block per microbatch.
+            // ZeRO-3 / FSDP gathers each block's weights before its forward and its backward, and
+            // reduce-scatters its gradients after: 3 collectives per block per microbatch. With
+            // overlap each block's collectives are prefetched one block ahead, so they hide
+            // behind that block's compute only: a block whose collectives take longer than its
+            // compute exposes the difference, and the first gather of each pass is exposed.
             let per_block = grad_bytes / blocks;
-            let per_mb = blocks
-                * (2.0 * comm::all_gather(per_block, dp, dp_link) + comm::reduce_scatter(per_block, dp, dp_link));
-            (
-                mbf * hide(per_mb, stage_c + stage_tp),
-                mbf * 3.0 * ring_bytes(grad_bytes),
-            )
+            let gather = comm::all_gather(per_block, dp, dp_link);
+            let per_blk_comm = 2.0 * gather + comm::reduce_scatter(per_block, dp, dp_link);
+            let per_blk_compute = (stage_c + stage_tp) / blocks;
+            let per_mb = if p.overlap_dp {
+                blocks * (per_blk_comm - per_blk_compute).max(0.0) + 2.0 * gather
+            } else {
+                blocks * per_blk_comm
+            };
+            (mbf * per_mb, mbf * 3.0 * ring_bytes(grad_bytes))
         }
     };
     // The tied embedding's gradient, all-reduced between the first and the last stage (pp > 1)

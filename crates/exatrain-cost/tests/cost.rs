@@ -453,3 +453,80 @@ fn uneven_stages_are_paced_by_the_largest() {
         p126.time_s.compute
     );
 }
+
+/// Overlap as the frameworks do it: a bucketed gradient reduction leaves its last bucket
+/// exposed, ZeRO-3 hides each block's gathers only behind that block, TP overlap hides all but
+/// one chunk of each collective.
+#[test]
+fn overlaps_expose_what_the_frameworks_cannot_hide() {
+    let c = presets::cluster("dgx-h100").unwrap();
+    let m = presets::model("gpt-22b").unwrap();
+    // ZeRO-0 / ZeRO-1, data parallel over nodes: overlap hides most but never all of the
+    // reduction; at least the last bucket's share (40 M params of the stage's) stays exposed.
+    for zero in [0u8, 1] {
+        let on = ParallelConfig {
+            zero,
+            ..ParallelConfig::new(8, 1, 16, 1, 128)
+        };
+        let off = ParallelConfig {
+            overlap_dp: false,
+            ..on
+        };
+        let (p_on, p_off) = (plan(&m, &c, &on).unwrap(), plan(&m, &c, &off).unwrap());
+        let params_dev = m.params() as f64 / 8.0;
+        let tail_share = 40e6 / params_dev;
+        assert!(
+            p_on.time_s.dp_comm < p_off.time_s.dp_comm,
+            "zero {zero}: overlap hides nothing"
+        );
+        assert!(
+            p_on.time_s.dp_comm >= tail_share * p_off.time_s.dp_comm * 0.999,
+            "zero {zero}: {} exposed, less than the last bucket's {}",
+            p_on.time_s.dp_comm,
+            tail_share * p_off.time_s.dp_comm
+        );
+    }
+    // ZeRO-3 on a slow network: gathers that outlast each block's compute are exposed even
+    // with overlap; the aggregate compute no longer hides them.
+    let mut slow = c.clone();
+    slow.node.nic_gbps /= 50.0;
+    let z3 = ParallelConfig {
+        zero: 3,
+        ..ParallelConfig::new(1, 1, 64, 1, 64)
+    };
+    let p = plan(&m, &slow, &z3).unwrap();
+    let off = plan(
+        &m,
+        &slow,
+        &ParallelConfig {
+            overlap_dp: false,
+            ..z3
+        },
+    )
+    .unwrap();
+    assert!(p.time_s.dp_comm > 0.0 && p.time_s.dp_comm < off.time_s.dp_comm);
+    assert!(
+        p.time_s.dp_comm >= off.time_s.dp_comm - p.time_s.compute - 1e-9,
+        "ZeRO-3 hid more than the compute it overlaps with"
+    );
+    // TP overlap needs sequence parallelism, and hides at most (t-1)/t of the TP time.
+    let base = ParallelConfig {
+        sequence_parallel: true,
+        ..ParallelConfig::new(8, 1, 1, 1, 8)
+    };
+    let with = ParallelConfig {
+        overlap_tp: true,
+        ..base
+    };
+    let (a, b) = (plan(&m, &c, &base).unwrap(), plan(&m, &c, &with).unwrap());
+    assert!(b.time_s.tp_comm < a.time_s.tp_comm);
+    assert!(b.time_s.tp_comm >= a.time_s.tp_comm / 8.0 * 0.999);
+    let no_sp = ParallelConfig {
+        overlap_tp: true,
+        ..ParallelConfig::new(8, 1, 1, 1, 8)
+    };
+    assert_eq!(
+        plan(&m, &c, &no_sp).unwrap_err(),
+        exatrain_spec::Invalid::OverlapTpNeedsSp
+    );
+}

@@ -102,6 +102,9 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
             f.push("--ckpt-format fsdp_dtensor".into());
         }
     }
+    if c.overlap_tp && c.tp > 1 {
+        f.push("--tp-comm-overlap".into());
+    }
     if c.overlap_dp && c.dp > 1 {
         f.push("--overlap-grad-reduce".into());
         if c.zero >= 1 {

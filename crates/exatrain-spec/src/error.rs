@@ -51,6 +51,8 @@ pub enum Invalid {
         pp: u32,
         layers: u32,
     },
+    /// TP communication overlap without sequence parallelism.
+    OverlapTpNeedsSp,
     VirtualStages {
         virtual_stages: u32,
         layers_per_stage: u32,
@@ -98,6 +100,10 @@ impl fmt::Display for Invalid {
                 "--first-stage-layers {} / --last-stage-layers {} leave no even split of {layers} layers over the other stages of --pp {pp} (each stage at least one layer; the inner stages equal)",
                 first.map_or("-".into(), |x| x.to_string()),
                 last.map_or("-".into(), |x| x.to_string())
+            ),
+            Invalid::OverlapTpNeedsSp => write!(
+                f,
+                "--overlap-tp needs --sequence-parallel (Megatron-LM's --tp-comm-overlap overlaps its all-gathers and reduce-scatters)"
             ),
             Invalid::InterleaveUneven { pp, layers } => write!(
                 f,

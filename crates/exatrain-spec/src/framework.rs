@@ -53,6 +53,12 @@ impl Framework {
                 self.name()
             ));
         }
+        if c.overlap_tp && self != Framework::MegatronLm {
+            return Err(format!(
+                "tensor-parallel communication overlap (--overlap-tp) is Megatron-LM's --tp-comm-overlap; {} has none",
+                self.name()
+            ));
+        }
         match self {
             Framework::MegatronLm => {
                 // groups tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping

@@ -216,6 +216,11 @@ pub struct ParallelConfig {
     /// Overlap the data-parallel gradient reduction with backward.
     #[serde(default = "yes")]
     pub overlap_dp: bool,
+    /// Overlap the tensor-parallel all-gathers / reduce-scatters with the GEMMs next to them
+    /// (Megatron-LM's `--tp-comm-overlap`, Transformer Engine userbuffers; needs sequence
+    /// parallelism). Off by default, as in Megatron-LM.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overlap_tp: bool,
     #[serde(default)]
     pub order: RankOrder,
     /// Transformer layers of the first pipeline stage (Megatron's
@@ -290,6 +295,7 @@ impl ParallelConfig {
             flash_attention: false,
             dtype: Dtype::Bf16,
             overlap_dp: true,
+            overlap_tp: false,
             order: RankOrder::default(),
             first_stage_layers: None,
             last_stage_layers: None,
@@ -402,6 +408,9 @@ impl ParallelConfig {
         }
         if self.zero > 3 {
             return Err(Invalid::Zero { zero: self.zero });
+        }
+        if self.overlap_tp && !self.sequence_parallel && self.tp > 1 {
+            return Err(Invalid::OverlapTpNeedsSp);
         }
         if self.tp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
             return Err(Invalid::Product {

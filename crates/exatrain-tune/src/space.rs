@@ -128,6 +128,7 @@ impl Options {
             flash_attention,
             dtype: s.dtype,
             overlap_dp: s.overlap_dp,
+            overlap_tp: false,
             order,
             first_stage_layers: None,
             last_stage_layers: None,
