@@ -291,3 +291,47 @@ fn check_job(
         }
     }
 }
+
+/// `--overlap-tp` is Megatron-LM's `--tp-comm-overlap` (its parser's assertion wants sequence
+/// parallelism, which the layout check already demands); the other frameworks refuse it.
+#[test]
+fn tp_overlap_is_exported_to_megatron_lm_and_refused_elsewhere() {
+    let m = presets::model("gpt-22b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let cfg = ParallelConfig {
+        sequence_parallel: true,
+        overlap_tp: true,
+        ..layout(8, 1, 2, 1, 16)
+    };
+    let mlm = render(
+        &export(
+            &m,
+            &c,
+            &cfg,
+            Format::Framework(Framework::MegatronLm),
+            Launcher::Torchrun,
+        )
+        .unwrap(),
+    );
+    assert!(mlm.contains("--tp-comm-overlap"), "{mlm}");
+    assert!(mlm.contains("--sequence-parallel"));
+    let plain = ParallelConfig {
+        overlap_tp: false,
+        ..cfg
+    };
+    let without = render(
+        &export(
+            &m,
+            &c,
+            &plain,
+            Format::Framework(Framework::MegatronLm),
+            Launcher::Torchrun,
+        )
+        .unwrap(),
+    );
+    assert!(!without.contains("--tp-comm-overlap"));
+    for f in [Framework::MegatronDeepspeed, Framework::Torchtitan] {
+        let e = export(&m, &c, &cfg, Format::Framework(f), Launcher::Torchrun).unwrap_err();
+        assert!(e.to_string().contains("--overlap-tp"), "{f:?}: {e}");
+    }
+}
