@@ -38,7 +38,8 @@ pub struct CalibrateArgs {
     pub fit: Vec<PathBuf>,
     /// Fit the --cluster spec's compute and link-bandwidth factors to the published or measured
     /// runs of this CSV (the columns of data/published-runs.csv: each row's throughput becomes a
-    /// step time) instead of, or with, --fit's files. The runs must have run on --cluster.
+    /// step time) instead of, or with, --fit's files. Only the rows that ran on --cluster are
+    /// used.
     #[arg(long)]
     pub fit_runs: Option<PathBuf>,
     /// With --fit: the spec to start from (what `exatrain calibrate --out` wrote).
@@ -60,16 +61,16 @@ fn csv_runs(
     let text =
         std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--fit-runs {at}: cannot read: {e}")))?;
     let mut out = Vec::new();
+    let mut elsewhere = std::collections::BTreeSet::new();
     for run in crate::validate::read_runs(&text, &at)? {
         let c = crate::validate::to_case(&run)?;
         if model.is_some_and(|m| m != c.model.name) {
             continue;
         }
+        // a runs file may hold several machines: each fits its own spec
         if c.cluster.name != cluster {
-            return Err(SpecError::new(format!(
-                "--fit-runs {at}: run {} ran on {}, not on --cluster {cluster}: fit each machine's runs to its own spec",
-                run.name, c.cluster.name
-            )));
+            elsewhere.insert(c.cluster.name.clone());
+            continue;
         }
         let step = crate::validate::measured_step(&c);
         if !(step.is_finite() && step > 0.0) {
@@ -85,6 +86,12 @@ fn csv_runs(
             time_s: Default::default(),
             step_s: Some(step),
         });
+    }
+    if out.is_empty() {
+        return Err(SpecError::new(format!(
+            "--fit-runs {at}: no run ran on --cluster {cluster} (its runs ran on: {}): fit each machine's runs to its own spec",
+            elsewhere.into_iter().collect::<Vec<_>>().join(", ")
+        )));
     }
     Ok(out)
 }
