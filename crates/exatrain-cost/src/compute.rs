@@ -12,6 +12,8 @@ pub struct Device {
     /// Achieved HBM bandwidth for streaming kernels, bytes/s.
     pub mem_bw: f64,
     pub gemm: GemmEfficiency,
+    /// The software stack's multiplier on the GEMM curve (`ClusterSpec.stack`).
+    pub stack: f64,
 }
 
 impl Device {
@@ -24,15 +26,17 @@ impl Device {
             peak: tflops * 1e12,
             mem_bw: c.device.hbm_gbps * 1e9 * c.device.memory_efficiency,
             gemm: c.device.gemm,
+            stack: c.stack.compute_efficiency,
         }
     }
 
     /// `batch` GEMMs of (m × k)·(k × n) with `e`-byte elements: the slower of the compute time at
-    /// the shape's efficiency and the time to stream the three matrices.
+    /// the shape's efficiency (times the stack's, at most the peak) and the time to stream the
+    /// three matrices.
     #[inline]
     pub fn gemm(&self, batch: f64, m: f64, n: f64, k: f64, e: f64) -> f64 {
         let flops = 2.0 * batch * m * n * k;
-        let t_compute = flops / (self.peak * self.gemm.efficiency(m, n, k));
+        let t_compute = flops / (self.peak * (self.stack * self.gemm.efficiency(m, n, k)).min(1.0));
         let t_memory = batch * (m * k + k * n + m * n) * e / self.mem_bw;
         t_compute.max(t_memory)
     }

@@ -6,7 +6,7 @@
 //! step time: for them the planner's whole step is compared, and when no run has terms only the
 //! two factors a step time can tell apart (compute and link bandwidth) are fitted.
 //!
-//! The factors are multipliers on the spec's numbers — GEMM peak (compute), memory bandwidth
+//! The factors are multipliers on the spec's numbers — the stack's compute efficiency, memory bandwidth
 //! (element-wise kernels and the optimizer), link bandwidth and link latency (collectives) —
 //! fitted by Levenberg–Marquardt on their logarithms with a finite-difference Jacobian, so any
 //! nonlinearity of the model (rooflines, ring-vs-tree choice, overlap) is respected. A factor no
@@ -34,7 +34,8 @@ pub struct Measured {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Factor {
-    /// device peak FLOP/s (GEMMs)
+    /// the software stack's compute efficiency (`stack.compute_efficiency`: GEMMs, attention);
+    /// the device's peak stays as it is, so MFU keeps its meaning
     Compute,
     /// device memory bandwidth (element-wise kernels, attention core, optimizer)
     Memory,
@@ -53,10 +54,7 @@ impl Factor {
     /// `c` with this factor multiplied by `x`.
     pub fn apply(self, c: &mut ClusterSpec, x: f64) {
         match self {
-            Factor::Compute => {
-                c.device.peak_tflops_bf16 *= x;
-                c.device.peak_tflops_fp32 *= x;
-            }
+            Factor::Compute => c.stack.compute_efficiency *= x,
             Factor::Memory => c.device.hbm_gbps *= x,
             Factor::Bandwidth => {
                 c.node.links.iter_mut().for_each(|l| l.gbps *= x);

@@ -530,3 +530,39 @@ fn overlaps_expose_what_the_frameworks_cannot_hide() {
         exatrain_spec::Invalid::OverlapTpNeedsSp
     );
 }
+
+/// The software stack's efficiency is apart from the hardware: fitting it (or setting it) slows
+/// the compute but leaves the device's peak, so MFU stays model TFLOP/s over the real peak.
+#[test]
+fn the_stack_efficiency_scales_compute_but_not_the_peak() {
+    let c = presets::cluster("selene").unwrap();
+    let m = presets::model("gpt-22b").unwrap();
+    let cfg = ParallelConfig::new(8, 1, 1, 1, 8);
+    let mut slow = c.clone();
+    exatrain_cost::fit::Factor::Compute.apply(&mut slow, 0.5);
+    assert_eq!(slow.device.peak_tflops_bf16, c.device.peak_tflops_bf16);
+    assert_eq!(slow.stack.compute_efficiency, 0.5);
+    slow.validate().unwrap();
+    let (a, b) = (plan(&m, &c, &cfg).unwrap(), plan(&m, &slow, &cfg).unwrap());
+    assert!(
+        b.time_s.compute > 1.5 * a.time_s.compute,
+        "{} vs {}",
+        b.time_s.compute,
+        a.time_s.compute
+    );
+    assert_eq!(b.time_s.tp_comm, a.time_s.tp_comm);
+    for p in [a, b] {
+        assert!(close(p.mfu, p.tflops_per_gpu / c.device.peak_tflops_bf16, 1e-12));
+    }
+    // never faster than the peak, however large the factor
+    let mut fast = c.clone();
+    fast.stack.compute_efficiency = 10.0;
+    let f = plan(&m, &fast, &cfg).unwrap();
+    assert!(f.hfu <= 1.0, "hfu {}", f.hfu);
+    fast.stack.compute_efficiency = 11.0;
+    assert!(fast
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("stack.compute_efficiency"));
+}

@@ -121,6 +121,36 @@ pub struct LaunchSpec {
     pub sources: Vec<String>,
 }
 
+/// What the software stack (framework, kernels, compiler) gets out of the hardware, kept apart
+/// from the hardware's own numbers so that a fitted spec still reports MFU against the device's
+/// real peak. `calibrate --fit` and `validate --per-source` fit these.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StackSpec {
+    /// Multiplier on every compute kernel's efficiency (`device.gemm`'s curve, the attention
+    /// core), capped at the device's peak: 1 = the curve as the spec gives it.
+    #[serde(default = "one")]
+    pub compute_efficiency: f64,
+}
+
+impl Default for StackSpec {
+    fn default() -> Self {
+        StackSpec {
+            compute_efficiency: 1.0,
+        }
+    }
+}
+
+impl StackSpec {
+    fn is_default(&self) -> bool {
+        *self == StackSpec::default()
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
 /// A machine: devices, nodes, network.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +170,9 @@ pub struct ClusterSpec {
     pub system: SystemSpec,
     #[serde(default)]
     pub launch: LaunchSpec,
+    /// The software stack's efficiency on this hardware (default: the spec's curve as it is).
+    #[serde(default, skip_serializing_if = "StackSpec::is_default")]
+    pub stack: StackSpec,
 }
 
 fn default_reserved() -> f64 {
@@ -213,6 +246,12 @@ impl ClusterSpec {
             return Err(SpecError::new("cluster: `network.*_latency_us` must be ≥ 0"));
         }
         fraction(w.efficiency, "network.efficiency")?;
+        let x = self.stack.compute_efficiency;
+        if !(x.is_finite() && x > 0.0 && x <= 10.0) {
+            return Err(SpecError::new(format!(
+                "cluster: `stack.compute_efficiency` must be in (0, 10], got {x}"
+            )));
+        }
         if !(self.reserved_gib >= 0.0) {
             return Err(SpecError::new("cluster: `reserved_gib` must be ≥ 0"));
         }

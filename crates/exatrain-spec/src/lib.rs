@@ -16,7 +16,9 @@ mod model;
 mod parallel;
 pub mod presets;
 
-pub use cluster::{ClusterSpec, DeviceSpec, GemmEfficiency, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, SystemSpec};
+pub use cluster::{
+    ClusterSpec, DeviceSpec, GemmEfficiency, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, StackSpec, SystemSpec,
+};
 pub use error::{Invalid, SpecError};
 pub use framework::Framework;
 pub use model::{Mlp, ModelFile, ModelSpec, Norm, Position};

@@ -180,6 +180,7 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
         fragmentation: 0.0,
         system: SystemSpec::default(),
         launch: Default::default(),
+        stack: Default::default(),
     };
     Calibration {
         threads,
