@@ -83,19 +83,22 @@ pub struct StudySpec {
     pub checkpoint_write_gbps: Option<f64>,
     /// Only layouts this framework runs.
     pub framework: Option<exatrain_spec::Framework>,
+    /// The ZeRO stages searched (default 0..=3); `[0, 1]` searches what a TP/PP + ZeRO-1 stack
+    /// such as the Frontier study's Megatron-DeepSpeed ran.
+    pub zero: Vec<u8>,
+    /// Search flash attention too (default true).
+    pub flash_attention: bool,
 }
 
-fn best(
-    m: &ModelSpec,
-    c: &ClusterSpec,
-    gpus: u32,
-    gb: u32,
-    framework: Option<exatrain_spec::Framework>,
-) -> Result<Point, String> {
-    let s = SpaceSpec {
-        framework,
+fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, spec: &StudySpec) -> Result<Point, String> {
+    let mut s = SpaceSpec {
+        framework: spec.framework,
+        zero: spec.zero.clone(),
         ..SpaceSpec::new(gpus, gb)
     };
+    if !spec.flash_attention {
+        s.flash_attention = vec![false];
+    }
     if let Some(why) = space::why_empty(m, &s) {
         return Err(why);
     }
@@ -128,8 +131,8 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
             let gpus = n * per_node;
             // Weak scaling grows the batch with the machine; rounded to whole sequences.
             let gb_weak = ((gb0 as u64 * n as u64) / n0 as u64).max(1) as u32;
-            let weak = best(m, c, gpus, gb_weak, s.framework);
-            let strong = best(m, c, gpus, gb0, s.framework);
+            let weak = best(m, c, gpus, gb_weak, s);
+            let strong = best(m, c, gpus, gb0, s);
             let why = match (&weak, &strong) {
                 (Err(a), Err(b)) if a == b => Some(a.clone()),
                 (Err(a), Err(b)) => Some(format!("weak: {a}; strong: {b}")),

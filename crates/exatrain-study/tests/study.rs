@@ -11,6 +11,8 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
         node_mtbf_hours: None,
         checkpoint_write_gbps: None,
         framework: None,
+        zero: vec![0, 1, 2, 3],
+        flash_attention: true,
     }
 }
 
@@ -101,4 +103,28 @@ fn study_rows_report_and_json_agree() {
         page.contains(&format!("{:.1}", t.days)),
         "the table shows the JSON's days"
     );
+}
+
+/// `--zero 0,1 --no-flash`: the study searches only what a TP/PP + ZeRO-1 stack without flash
+/// attention runs (the Frontier study's Megatron-DeepSpeed), and is never faster than the full
+/// search.
+#[test]
+fn a_restricted_study_recommends_only_what_the_stack_runs() {
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let full = study(std::slice::from_ref(&m), &c, &spec(vec![128]));
+    let narrow = study(
+        std::slice::from_ref(&m),
+        &c,
+        &StudySpec {
+            zero: vec![0, 1],
+            flash_attention: false,
+            ..spec(vec![128])
+        },
+    );
+    let layout = |s: &exatrain_study::Study| s.models[0].rows[0].strong.as_ref().unwrap().config;
+    let (f, n) = (layout(&full), layout(&narrow));
+    assert!(n.zero <= 1 && !n.flash_attention, "{n:?}");
+    let tps = |s: &exatrain_study::Study| s.models[0].rows[0].strong.as_ref().unwrap().plan.tokens_per_s;
+    assert!(tps(&narrow) <= tps(&full) * (1.0 + 1e-9), "{n:?} beat {f:?}");
 }
