@@ -224,6 +224,14 @@ fn bad_values_are_named_with_what_is_allowed() {
             "--framework nemo is not known (allowed: megatron-lm",
         ),
         (
+            &["study", "--zero", "1,4"],
+            "--zero 4 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
+        ),
+        (
+            &["plan", "--tp", "8", "--overlap-tp"],
+            "--overlap-tp needs --sequence-parallel",
+        ),
+        (
             &[
                 "tune",
                 "--model",
