@@ -56,22 +56,6 @@ pub struct StudyArgs {
     pub no_flash: bool,
 }
 
-/// `--zero 0,1`: the stages, each 0..=3, at least one.
-fn zero_stages(s: &str) -> Result<Vec<u8>, SpecError> {
-    let mut v: Vec<u8> = s
-        .split(',')
-        .map(|x| match x.trim().parse::<u8>() {
-            Ok(z) if z <= 3 => Ok(z),
-            _ => Err(SpecError::new(format!(
-                "--zero {x} is not a ZeRO stage (allowed: 0, 1, 2, 3)"
-            ))),
-        })
-        .collect::<Result<_, _>>()?;
-    v.sort();
-    v.dedup();
-    Ok(v)
-}
-
 /// `20T`, `300B`, `1.5e12`, `7M`.
 pub fn parse_tokens(s: &str) -> Result<f64, SpecError> {
     let t = s.trim();
@@ -189,7 +173,7 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         node_mtbf_hours: positive_f(a.node_mtbf_hours, "node-mtbf-hours")?,
         checkpoint_write_gbps: positive_f(a.checkpoint_gbps, "checkpoint-gbps")?,
         framework: a.framework.as_deref().map(str::parse).transpose()?,
-        zero: zero_stages(&a.zero)?,
+        zero: crate::tune_cmd::zero_stages(&a.zero)?,
         flash_attention: !a.no_flash,
     };
     if let Some(dir) = &a.out {

@@ -198,6 +198,20 @@ fn parse_list<T>(s: &str, flag: &str, f: impl Fn(&str) -> Result<T, SpecError>) 
     Ok(v)
 }
 
+/// `--zero 0,1`: the ZeRO stages to search, each 0..=3, at least one, each once (for `tune` and
+/// `study`).
+pub fn zero_stages(s: &str) -> Result<Vec<u8>, SpecError> {
+    let mut v = parse_list(s, "zero", |x| match x.parse::<u8>() {
+        Ok(z) if z <= 3 => Ok(z),
+        _ => Err(SpecError::new(format!(
+            "--zero {x} is not a ZeRO stage (allowed: 0, 1, 2, 3)"
+        ))),
+    })?;
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
 fn positive(x: &str, flag: &str) -> Result<u32, SpecError> {
     match x.parse::<u32>() {
         Ok(v) if v > 0 => Ok(v),
@@ -382,12 +396,7 @@ fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError> {
     s.max_micro_batch = a.max_micro_batch;
     s.max_tp = a.max_tp.unwrap_or(u32::MAX);
     s.max_pp = a.max_pp.unwrap_or(u32::MAX);
-    s.zero = parse_list(&a.zero, "zero", |x| match x.parse::<u8>() {
-        Ok(z) if z <= 3 => Ok(z),
-        _ => Err(SpecError::new(format!(
-            "--zero {x} is not a ZeRO stage (allowed: 0, 1, 2, 3)"
-        ))),
-    })?;
+    s.zero = zero_stages(&a.zero)?;
     s.recompute = parse_list(&a.recompute, "recompute", |x| x.parse::<Recompute>())?;
     s.framework = a.framework.as_deref().map(str::parse).transpose()?;
     s.uneven = a.uneven_stages;

@@ -171,11 +171,7 @@ pub fn measured_step(c: &Case) -> f64 {
         "tflops" => flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * 1e12 * gpus),
         "step_s" => c.measured,
         _ => {
-            let d = &c.cluster.device;
-            let peak = match c.cfg.dtype {
-                exatrain_spec::Dtype::Bf16 => d.peak_tflops_bf16,
-                exatrain_spec::Dtype::Fp32 => d.peak_tflops_fp32,
-            } * 1e12;
+            let peak = exatrain_cost::compute::Device::new(&c.cluster, c.cfg.dtype).peak;
             flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * peak * gpus)
         }
     }

@@ -193,13 +193,13 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
     let grad_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
-    let bwd_mb = stage_c * 2.0 / 3.0; // the backward part of one microbatch
-    let fwd_mb = stage_c / 3.0; // the forward part of one microbatch
-                                // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of
-                                // max(40 M, 1 M·dp) parameters as backward produces them, so the reduction hides behind the
-                                // last microbatch's backward except for the last bucket, which is ready only when backward
-                                // ends; the distributed optimizer's parameter all-gather (ZeRO-1/2) hides behind the next
-                                // step's first forward except for the first bucket, which the first layer waits for.
+    // the backward and the forward part of one microbatch
+    let (bwd_mb, fwd_mb) = (stage_c * 2.0 / 3.0, stage_c / 3.0);
+    // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of max(40 M,
+    // 1 M·dp) parameters as backward produces them, so the reduction hides behind the last
+    // microbatch's backward except for the last bucket, which is ready only when backward ends;
+    // the distributed optimizer's parameter all-gather (ZeRO-1/2) hides behind the next step's
+    // first forward except for the first bucket, which the first layer waits for.
     let bucket = (BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64) * e).min(grad_bytes);
     let tail = if grad_bytes > 0.0 { bucket / grad_bytes } else { 0.0 };
     let hide = |t: f64, window: f64| {
