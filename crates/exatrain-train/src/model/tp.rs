@@ -1,0 +1,110 @@
+//! The tensor-parallel group as the model sees it, and Megatron's f / g mappings over it (with
+//! and without sequence parallelism).
+
+use std::ops::Range;
+
+use exatrain_parallel::comm::CommError;
+
+use crate::Real;
+
+/// The tensor-parallel group as the model sees it. Megatron's conjugate operators are the two
+/// places `all_reduce` is called: **g** after a row-parallel layer (forward: all-reduce the
+/// partial sums, backward: identity) and **f** before a column-parallel one (forward: identity,
+/// backward: all-reduce the input gradient).
+pub trait TpGroup<R> {
+    fn size(&self) -> usize;
+    /// Sum over the group, in place (activation traffic: the planner's TP bytes).
+    fn all_reduce(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// `full` [size · mine.len()] ends as every rank's `mine` in rank order (sequence parallel:
+    /// forward of f, backward of g).
+    fn all_gather(&self, mine: &[R], full: &mut [R]) -> Result<(), CommError>;
+    /// `mine` ends as this rank's chunk of the sum of `full` (sequence parallel: forward of g,
+    /// backward of f).
+    fn reduce_scatter(&self, full: &[R], mine: &mut [R]) -> Result<(), CommError>;
+    /// Elementwise max over the group (the cross-entropy's row max: N values, not metered).
+    fn max_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// Sum of the cross-entropy's per-row statistics (2N values, not metered).
+    fn sum_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
+}
+
+/// No tensor parallelism: every collective is the identity.
+pub struct Alone;
+
+impl<R: Real> TpGroup<R> for Alone {
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn all_gather(&self, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+        full.copy_from_slice(mine);
+        Ok(())
+    }
+    fn reduce_scatter(&self, full: &[R], mine: &mut [R]) -> Result<(), CommError> {
+        mine.copy_from_slice(full);
+        Ok(())
+    }
+    fn max_stats(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+    fn sum_stats(&self, _: &mut [R]) -> Result<(), CommError> {
+        Ok(())
+    }
+}
+
+/// Megatron's f before a column-parallel region, forward (and g's backward): under sequence
+/// parallelism all-gather the rows, else the rows are already whole (a copy).
+pub(super) fn seq_gather<R: Real>(tp: &dyn TpGroup<R>, sp: bool, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+    if sp {
+        tp.all_gather(mine, full)
+    } else {
+        full.copy_from_slice(mine);
+        Ok(())
+    }
+}
+
+/// Megatron's g after a row-parallel region, forward (and f's backward): sum the partial
+/// results over the group — reduce-scattered to this rank's rows under sequence parallelism,
+/// all-reduced otherwise.
+pub(super) fn seq_reduce<R: Real>(
+    tp: &dyn TpGroup<R>,
+    sp: bool,
+    full: &mut [R],
+    mine: &mut [R],
+) -> Result<(), CommError> {
+    if sp {
+        tp.reduce_scatter(full, mine)
+    } else {
+        tp.all_reduce(full)?;
+        mine.copy_from_slice(full);
+        Ok(())
+    }
+}
+
+/// Sequence parallel: the norms' gradients (ranges of `g`) before a microbatch's backward
+/// reaches them; nothing without sequence parallelism.
+pub(super) fn norm_grads_before<R: Real>(g: &[R], sp: bool, ranges: &[Range<usize>]) -> Vec<(Range<usize>, Vec<R>)> {
+    ranges
+        .iter()
+        .filter(|r| sp && !r.is_empty())
+        .map(|r| (r.clone(), g[r.clone()].to_vec()))
+        .collect()
+}
+
+/// Sequence parallel: the norms saw only this rank's rows, so sum this microbatch's share of
+/// their gradients over the tp group (what was accumulated before stays as it is).
+pub(super) fn sum_norm_grads<R: Real>(
+    tp: &dyn TpGroup<R>,
+    g: &mut [R],
+    before: &[(Range<usize>, Vec<R>)],
+) -> Result<(), CommError> {
+    for (r, was) in before {
+        let mut delta: Vec<R> = g[r.clone()].iter().zip(was).map(|(x, y)| *x - *y).collect();
+        tp.sum_stats(&mut delta)?;
+        for ((x, y), dl) in g[r.clone()].iter_mut().zip(was).zip(&delta) {
+            *x = *y + *dl;
+        }
+    }
+    Ok(())
+}
