@@ -48,6 +48,25 @@ pub struct CalibrateArgs {
     /// With --fit: every report must be a run of this model.
     #[arg(long)]
     pub model: Option<String>,
+    /// What to measure: this machine's CPU (fp32 GEMMs, memory, in-process or MPI collectives)
+    /// or one NVIDIA GPU (bf16 cuBLASLt GEMMs over transformer shapes, copy bandwidth, the
+    /// trainer's kernels compiled by NVRTC; needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// With --device cuda: which GPU (CUDA ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// With --device cuda: the GPU's dense bf16 peak, TFLOP/s (known for H200, H100, GH200,
+    /// A100, L40S; needed for any other).
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+}
+
+/// Where `calibrate` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
 }
 
 /// The rows of a runs CSV (`validate`'s format) as measured step times: the row's throughput
@@ -277,6 +296,17 @@ pub fn run(a: CalibrateArgs) -> Result<(), SpecError> {
     }
     if a.cluster.is_some() || a.model.is_some() {
         return Err(SpecError::new("--cluster and --model go with --fit REPORTS"));
+    }
+    if a.device == Device::Cuda {
+        if a.mpi || a.ranks != 4 {
+            return Err(SpecError::new(
+                "--device cuda measures one GPU: --mpi and --ranks go with --device cpu",
+            ));
+        }
+        return crate::calibrate_gpu::run(&a);
+    }
+    if a.peak_tflops.is_some() || a.gpu != 0 {
+        return Err(SpecError::new("--gpu and --peak-tflops go with --device cuda"));
     }
     if a.ranks == 0 || a.ranks > MAX_RANKS {
         return Err(SpecError::new(format!(

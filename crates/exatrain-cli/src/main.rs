@@ -3,6 +3,7 @@
 mod agree;
 mod args;
 mod calibrate_cmd;
+mod calibrate_gpu;
 mod fidelity_cmd;
 mod framework_logs;
 mod plan_cmd;
@@ -79,7 +80,13 @@ fn main() {
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("error: bad arguments");
-            eprintln!("{first} (see --help)");
+            // a value enum's error names the allowed values on a later line: keep them
+            let allowed = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("[possible values: "))
+                .map(|v| format!(" (allowed: {})", v.trim_end_matches(']')))
+                .unwrap_or_default();
+            eprintln!("{first}{allowed} (see --help)");
             std::process::exit(2);
         }
         Err(e) => e.exit(),

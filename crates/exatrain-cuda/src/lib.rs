@@ -17,6 +17,12 @@ pub mod kernels;
 pub mod ptxas;
 
 #[cfg(feature = "cuda")]
+pub mod bench;
+#[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
+pub mod gemm;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 
 use std::fmt;
