@@ -11,6 +11,8 @@
 //!   device, refuse a layout that does not fit before allocating, cache compiled modules.
 //! - `gemm` (feature `cuda`): cuBLASLt GEMMs with cached descriptors, bf16 or fp32 inputs, fp32
 //!   compute, `beta` (accumulation into fp32 gradients) through cudarc's lower layer.
+//! - `ops` (feature `cuda`): each kernel as a Rust call with the CPU kernel's name and
+//!   argument order, over device addresses.
 //! - `bench` (feature `cuda`): GEMM and memory-bandwidth measurements for `calibrate`.
 
 pub mod kernels;
@@ -24,6 +26,8 @@ pub mod device;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod ops;
 
 use std::fmt;
 
