@@ -3,8 +3,9 @@
 //!
 //! The part of a cluster spec fitted here is its compute factor (the stack's kernel efficiency
 //! relative to the spec: `calibrate`'s `Factor::Compute`), one number, so that a single run
-//! determines it. Zero-shot: fitted to the runs of every *other* source on the same cluster
-//! (leave-one-source-out); when no other source ran there, the preset is used as it is. One-shot:
+//! determines it. Zero-shot: fitted to the runs of every *other* source on the same kind of device
+//! (leave-one-source-out; each run on its own cluster, so Selene's A100 runs inform Jean Zay's);
+//! when no other source used that device, the preset is used as it is. One-shot:
 //! fitted to the source's smallest run (fewest GPUs, then fewest parameters) alone, then the
 //! source's other runs are predicted.
 
@@ -38,27 +39,28 @@ fn scaled(base: &ClusterSpec, x: f64) -> ClusterSpec {
     c
 }
 
-/// Sum of squared log errors of the predicted step times on `cluster × factor`.
-fn loss(cases: &[&Case], base: &ClusterSpec, x: f64) -> f64 {
-    let c = scaled(base, x);
+/// Sum of squared log errors of the predicted step times, each run on its own cluster × factor.
+fn loss(cases: &[&Case], x: f64) -> f64 {
     cases
         .iter()
-        .map(|k| match exatrain_cost::plan(&k.model, &c, &k.cfg) {
-            Ok(p) => (p.step_time_s / measured_step(k)).ln().powi(2),
-            Err(_) => f64::INFINITY,
-        })
+        .map(
+            |k| match exatrain_cost::plan(&k.model, &scaled(&k.cluster, x), &k.cfg) {
+                Ok(p) => (p.step_time_s / measured_step(k)).ln().powi(2),
+                Err(_) => f64::INFINITY,
+            },
+        )
         .sum()
 }
 
 /// The compute factor (0.25..4) that best fits `cases`' step times: golden-section search on its
 /// logarithm (a step time falls monotonically with the factor, so the loss has one minimum).
-pub fn fit_compute(cases: &[&Case], base: &ClusterSpec) -> f64 {
+pub fn fit_compute(cases: &[&Case]) -> f64 {
     let g = (5f64.sqrt() - 1.0) / 2.0;
     let (mut a, mut b) = (0.25f64.ln(), 4f64.ln());
     for _ in 0..60 {
         let c = b - g * (b - a);
         let d = a + g * (b - a);
-        if loss(cases, base, c.exp()) <= loss(cases, base, d.exp()) {
+        if loss(cases, c.exp()) <= loss(cases, d.exp()) {
             b = d;
         } else {
             a = c;
@@ -98,14 +100,10 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
         let others: Vec<&Case> = cases
             .iter()
             .zip(sources)
-            .filter(|(c, x)| *x != s && c.cluster.name == cluster)
+            .filter(|(c, x)| *x != s && c.cluster.device.name == base.device.name)
             .map(|(c, _)| c)
             .collect();
-        let zero = if others.is_empty() {
-            1.0
-        } else {
-            fit_compute(&others, &base)
-        };
+        let zero = if others.is_empty() { 1.0 } else { fit_compute(&others) };
         let zero_shot_errors = errors(&mine, &scaled(&base, zero))?;
         let smallest = mine
             .iter()
@@ -116,7 +114,7 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
                     .unwrap_or(std::cmp::Ordering::Equal)
             })
             .expect("a source has a run");
-        let one = fit_compute(&[smallest], &base);
+        let one = fit_compute(&[smallest]);
         let rest: Vec<&Case> = mine.iter().copied().filter(|c| !std::ptr::eq(*c, smallest)).collect();
         rows.push(SourceRow {
             source: s.clone(),
