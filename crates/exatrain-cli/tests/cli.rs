@@ -261,7 +261,13 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
     let v = json(&["validate", "--json", "--per-source"]);
     let rows = v["per_source"].as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["source"].as_str().unwrap()).collect();
-    for s in ["narayanan2021", "korthikanti2022", "megatron-lm-h100", "bigscience2022"] {
+    for s in [
+        "narayanan2021",
+        "korthikanti2022",
+        "megatron-lm-h100",
+        "bigscience2022",
+        "shoeybi2019",
+    ] {
         assert!(names.contains(&s), "{s} missing from {names:?}");
     }
     let runs = v["runs"].as_array().unwrap();
@@ -275,7 +281,7 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
         let fitted = r["one_shot_run"].as_str().unwrap();
         assert!(runs.iter().any(|x| x["name"] == fitted), "{fitted} is not a run");
         // leave-one-source-out over the same device: the A100 sources (Selene and Jean Zay)
-        // are fitted to each other's runs, the H100 source has no other and keeps the preset
+        // are fitted to each other's runs; the H100 and V100 sources have no other and keep the preset
         let from = r["zero_shot_fitted_to"].as_u64().unwrap() as usize;
         match r["cluster"].as_str().unwrap() {
             "selene" | "jean-zay" => assert_eq!(from, 32 - n),

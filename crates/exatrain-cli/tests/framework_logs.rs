@@ -440,6 +440,6 @@ fn published_runs_fit_the_cluster_they_ran_on() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr)
-        .contains("no run ran on --cluster frontier (its runs ran on: dgx-h100, jean-zay, selene)"));
+        .contains("no run ran on --cluster frontier (its runs ran on: dgx-2h, dgx-h100, jean-zay, selene)"));
     assert!(!d.join("f.toml").exists());
 }

@@ -69,7 +69,15 @@ fn every_preset_loads_and_validates() {
     for n in presets::cluster_names() {
         presets::cluster(n).unwrap().validate().unwrap();
     }
-    for n in ["frontier", "selene", "jean-zay", "dgx-h100", "lumi", "perlmutter"] {
+    for n in [
+        "frontier",
+        "selene",
+        "jean-zay",
+        "dgx-2h",
+        "dgx-h100",
+        "lumi",
+        "perlmutter",
+    ] {
         assert!(presets::cluster(n).is_ok(), "{n}");
     }
     let f = presets::cluster("frontier").unwrap();
