@@ -159,6 +159,15 @@ pub fn run(a: &CalibrateArgs) -> Result<(), SpecError> {
             hbm_gbps,
             memory_efficiency,
             gemm: fit,
+            gemm_table: points
+                .iter()
+                .map(|p| exatrain_spec::GemmMeasure {
+                    m: p.m as f64,
+                    n: p.n as f64,
+                    k: p.k as f64,
+                    efficiency: (p.gflops / (peak_bf16 * 1e3)).clamp(1e-6, 1.0),
+                })
+                .collect(),
         },
         node: NodeSpec {
             devices: 1,

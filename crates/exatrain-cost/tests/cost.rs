@@ -566,3 +566,31 @@ fn the_stack_efficiency_scales_compute_but_not_the_peak() {
         .to_string()
         .contains("stack.compute_efficiency"));
 }
+
+#[test]
+fn a_measured_gemm_table_moves_the_compute_time() {
+    let m = presets::model("gpt-22b").unwrap();
+    let mut c = presets::cluster("selene").unwrap();
+    let cfg = ParallelConfig::new(8, 1, 1, 1, 8);
+    let before = plan(&m, &c, &cfg).unwrap();
+    // GEMMs measured at half the curve everywhere: the GEMM part of compute doubles
+    let g = c.device.gemm;
+    c.device.gemm_table = [
+        (1024.0, 1024.0, 1024.0),
+        (16384.0, 2304.0, 6144.0),
+        (16384.0, 6144.0, 3072.0),
+    ]
+    .iter()
+    .map(|&(m, n, k)| exatrain_spec::GemmMeasure {
+        m,
+        n,
+        k,
+        efficiency: g.efficiency(m, n, k) / 2.0,
+    })
+    .collect();
+    c.validate().unwrap();
+    let after = plan(&m, &c, &cfg).unwrap();
+    let (b, a) = (before.time_s.compute, after.time_s.compute);
+    assert!(a > 1.5 * b && a < 2.0 * b, "compute {b} → {a}");
+    assert_eq!(before.memory_bytes.total, after.memory_bytes.total);
+}

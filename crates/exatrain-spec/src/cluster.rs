@@ -23,6 +23,47 @@ impl GemmEfficiency {
     }
 }
 
+/// One measured GEMM: its shape (m × k by k × n) and the fraction of the device's peak it reached
+/// (what `exatrain calibrate` measured, in the spec's training precision).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmMeasure {
+    pub m: f64,
+    pub n: f64,
+    pub k: f64,
+    pub efficiency: f64,
+}
+
+/// The most entries a `gemm_table` may hold (each GEMM the planner prices looks at all of them).
+pub const GEMM_TABLE_MAX: usize = 64;
+
+impl GemmEfficiency {
+    /// The efficiency of an (m × k)·(k × n) GEMM with the `table`'s measurements: the curve, times
+    /// the measured/curve ratio interpolated over the measured shapes (inverse squared distance in
+    /// ln m, ln n, ln k). At a measured shape it is the measurement; far from all of them, the curve
+    /// times the ratio of the nearest ones. An empty table is the curve.
+    #[inline]
+    pub fn efficiency_with(&self, table: &[GemmMeasure], m: f64, n: f64, k: f64) -> f64 {
+        let curve = self.efficiency(m, n, k);
+        if table.is_empty() {
+            return curve;
+        }
+        let (lm, ln_, lk) = (m.ln(), n.ln(), k.ln());
+        let (mut wsum, mut acc) = (0.0, 0.0);
+        for t in table {
+            let ratio = (t.efficiency / self.efficiency(t.m, t.n, t.k)).ln();
+            let d2 = (lm - t.m.ln()).powi(2) + (ln_ - t.n.ln()).powi(2) + (lk - t.k.ln()).powi(2);
+            if d2 < 1e-18 {
+                return t.efficiency;
+            }
+            let w = 1.0 / d2;
+            wsum += w;
+            acc += w * ratio;
+        }
+        curve * (acc / wsum).exp()
+    }
+}
+
 /// One accelerator (GPU, or GCD for MI250X).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +81,10 @@ pub struct DeviceSpec {
     #[serde(default = "default_mem_eff")]
     pub memory_efficiency: f64,
     pub gemm: GemmEfficiency,
+    /// Measured GEMM efficiencies by shape (written by `exatrain calibrate`): the curve is
+    /// corrected toward them (`GemmEfficiency::efficiency_with`). Empty: the curve alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gemm_table: Vec<GemmMeasure>,
 }
 
 fn default_mem_eff() -> f64 {
@@ -212,6 +257,22 @@ impl ClusterSpec {
         fraction(d.gemm.max_efficiency, "device.gemm.max_efficiency")?;
         if !(d.gemm.half_size.is_finite() && d.gemm.half_size >= 0.0) {
             return Err(SpecError::new("cluster: `device.gemm.half_size` must be ≥ 0"));
+        }
+        if d.gemm_table.len() > GEMM_TABLE_MAX {
+            return Err(SpecError::new(format!(
+                "cluster: `device.gemm_table` holds {} entries (at most {GEMM_TABLE_MAX})",
+                d.gemm_table.len()
+            )));
+        }
+        for (i, t) in d.gemm_table.iter().enumerate() {
+            for (v, f) in [(t.m, "m"), (t.n, "n"), (t.k, "k")] {
+                if !(v.is_finite() && v >= 1.0) {
+                    return Err(SpecError::new(format!(
+                        "cluster: `device.gemm_table[{i}].{f}` must be a size ≥ 1, got {v}"
+                    )));
+                }
+            }
+            fraction(t.efficiency, &format!("device.gemm_table[{i}].efficiency"))?;
         }
         let n = &self.node;
         if n.devices == 0 {

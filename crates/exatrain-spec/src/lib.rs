@@ -17,7 +17,8 @@ mod parallel;
 pub mod presets;
 
 pub use cluster::{
-    ClusterSpec, DeviceSpec, GemmEfficiency, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, StackSpec, SystemSpec,
+    ClusterSpec, DeviceSpec, GemmEfficiency, GemmMeasure, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, StackSpec,
+    SystemSpec, GEMM_TABLE_MAX,
 };
 pub use error::{Invalid, SpecError};
 pub use framework::Framework;

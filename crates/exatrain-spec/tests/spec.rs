@@ -330,3 +330,53 @@ fn uneven_pipeline_stages() {
         "28 layers do not split over 3 stages"
     );
 }
+
+#[test]
+fn a_gemm_table_corrects_the_curve_toward_what_was_measured() {
+    use exatrain_spec::{GemmEfficiency, GemmMeasure};
+    let curve = GemmEfficiency {
+        max_efficiency: 0.8,
+        half_size: 100.0,
+    };
+    let at = |m: f64, n: f64, k: f64, e: f64| GemmMeasure { m, n, k, efficiency: e };
+    // measured: small squares run at half the curve, large ones at the curve
+    let small = curve.efficiency(256.0, 256.0, 256.0);
+    let large = curve.efficiency(8192.0, 8192.0, 8192.0);
+    let table = [at(256.0, 256.0, 256.0, small / 2.0), at(8192.0, 8192.0, 8192.0, large)];
+    assert_eq!(
+        curve.efficiency_with(&[], 1000.0, 900.0, 800.0),
+        curve.efficiency(1000.0, 900.0, 800.0)
+    );
+    // at a measured shape: the measurement
+    assert_eq!(curve.efficiency_with(&table, 256.0, 256.0, 256.0), small / 2.0);
+    assert_eq!(curve.efficiency_with(&table, 8192.0, 8192.0, 8192.0), large);
+    // halfway (in ln size) the ratio is the geometric mean of the two: 1/√2
+    let mid = (256.0f64 * 8192.0).sqrt();
+    let got = curve.efficiency_with(&table, mid, mid, mid) / curve.efficiency(mid, mid, mid);
+    assert!((got - 0.5f64.sqrt()).abs() < 1e-9, "{got}");
+    // nearer the small shape, nearer its ratio
+    let near = curve.efficiency_with(&table, 300.0, 300.0, 300.0) / curve.efficiency(300.0, 300.0, 300.0);
+    assert!(near < 0.55 && near > 0.5, "{near}");
+}
+
+#[test]
+fn a_bad_gemm_table_is_named() {
+    let base = toml::to_string(&presets::cluster("selene").unwrap()).unwrap();
+    for (entry, field) in [
+        ("{ m = 0.0, n = 8.0, k = 8.0, efficiency = 0.5 }", "gemm_table[0].m"),
+        (
+            "{ m = 8.0, n = 8.0, k = 8.0, efficiency = 1.5 }",
+            "gemm_table[0].efficiency",
+        ),
+        ("{ m = 8.0, n = 8.0, k = 8.0, efficiency = 0.5, extra = 1 }", "extra"),
+    ] {
+        let text = base.replace("[device]\n", &format!("[device]\ngemm_table = [{entry}]\n"));
+        assert!(text.contains("gemm_table"), "the table went into [device]");
+        let e = load::cluster_from_str(&text, false, "c.toml").unwrap_err().0;
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    let many = vec!["{ m = 8.0, n = 8.0, k = 8.0, efficiency = 0.5 }"; 65].join(", ");
+    let text = base.replace("[device]\n", &format!("[device]\ngemm_table = [{many}]\n"));
+    let e = load::cluster_from_str(&text, false, "c.toml").unwrap_err().0;
+    assert!(e.contains("at most 64"), "{e}");
+}

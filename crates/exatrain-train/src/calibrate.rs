@@ -164,6 +164,17 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
             hbm_gbps: memory_gbps,
             memory_efficiency: 1.0,
             gemm: fit,
+            // each measured shape as it ran: the planner corrects the curve toward them
+            gemm_table: gemm
+                .iter()
+                .take(exatrain_spec::GEMM_TABLE_MAX)
+                .map(|p| exatrain_spec::GemmMeasure {
+                    m: p.m as f64,
+                    n: p.n as f64,
+                    k: p.k as f64,
+                    efficiency: (p.gflops / peak).clamp(1e-6, 1.0),
+                })
+                .collect(),
         },
         node: NodeSpec {
             devices: 1,

@@ -172,6 +172,6 @@ pub(super) fn block_backward<R: Real>(
     );
     seq_reduce(tp, sp, dln1_full, dln1)?; // f's backward
     let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
-    layernorm_backward(dx, dln1w, dln1b, dln1, x(&input), w(&bp.ln1w), m1, r1, c);
+    layernorm_backward(dx, dln1w, dln1b, dln1, x(input), w(&bp.ln1w), m1, r1, c);
     Ok(())
 }
