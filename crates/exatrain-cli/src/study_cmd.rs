@@ -54,6 +54,17 @@ pub struct StudyArgs {
     /// Do not search flash attention (a stack without it).
     #[arg(long)]
     pub no_flash: bool,
+    /// Explain each recommendation against the best layout this framework runs (megatron-lm,
+    /// megatron-deepspeed, torchtitan, or `any`), term by term, naming what the recommendation
+    /// needs beyond it; with --compare-zero and --compare-no-flash for the stack's other limits.
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// With --compare: the ZeRO stages that stack runs (comma-separated).
+    #[arg(long)]
+    pub compare_zero: Option<String>,
+    /// With --compare: that stack has no flash attention.
+    #[arg(long)]
+    pub compare_no_flash: bool,
 }
 
 /// `20T`, `300B`, `1.5e12`, `7M`.
@@ -113,6 +124,18 @@ fn print_study(s: &Study) {
             );
         }
     }
+    for m in &s.models {
+        for r in &m.rows {
+            if let Some(e) = &r.compared {
+                println!(
+                    "\n{} at {} nodes against {}",
+                    m.model,
+                    r.nodes,
+                    exatrain_study::explain::sentence(e)
+                );
+            }
+        }
+    }
     let heads = [
         "model",
         "nodes",
@@ -165,6 +188,28 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
     if !(a.tokens_per_param.is_finite() && a.tokens_per_param > 0.0) {
         return Err(SpecError::new("--tokens-per-param: the token budget must be positive"));
     }
+    let compare = match (&a.compare, &a.compare_zero, a.compare_no_flash) {
+        (None, None, false) => None,
+        (None, _, _) => {
+            return Err(SpecError::new(
+                "--compare-zero and --compare-no-flash go with --compare FRAMEWORK (megatron-lm, megatron-deepspeed, torchtitan, any)",
+            ))
+        }
+        (Some(f), zero, no_flash) => Some(exatrain_study::explain::Stack {
+            framework: if f == "any" {
+                None
+            } else {
+                Some(f.parse().map_err(|_: SpecError| {
+                    SpecError::new(format!(
+                        "--compare {f} is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan, any)"
+                    ))
+                })?)
+            },
+            zero: crate::tune_cmd::zero_stages(zero.as_deref().unwrap_or("0,1,2,3"))
+                .map_err(|e| SpecError::new(e.0.replacen("--zero", "--compare-zero", 1)))?,
+            flash_attention: !no_flash,
+        }),
+    };
     let spec = StudySpec {
         nodes,
         global_batch: a.global_batch,
@@ -175,6 +220,7 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         framework: a.framework.as_deref().map(str::parse).transpose()?,
         zero: crate::tune_cmd::zero_stages(&a.zero)?,
         flash_attention: !a.no_flash,
+        compare,
     };
     if let Some(dir) = &a.out {
         std::fs::create_dir_all(dir)

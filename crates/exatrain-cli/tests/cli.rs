@@ -162,7 +162,10 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
             "--micro-batch must be a positive integer",
         ),
         (&["plan", "--model", "gpt-9"], "known presets: bench, gpt-175b"),
-        (&["plan", "--cluster", "summit"], "known presets: dgx-h100, frontier"),
+        (
+            &["plan", "--cluster", "summit"],
+            "known presets: dgx-2h, dgx-h100, frontier",
+        ),
         (&["plan", "--recompute", "half"], "allowed: none, selective, full"),
         (
             &["plan", "--gpus", "1000"],

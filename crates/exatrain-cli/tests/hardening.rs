@@ -228,6 +228,18 @@ fn bad_values_are_named_with_what_is_allowed() {
             "--zero 4 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
         ),
         (
+            &["study", "--compare", "nemo"],
+            "--compare nemo is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan, any)",
+        ),
+        (
+            &["study", "--compare-zero", "0,1"],
+            "--compare-zero and --compare-no-flash go with --compare FRAMEWORK",
+        ),
+        (
+            &["study", "--compare", "any", "--compare-zero", "7"],
+            "--compare-zero 7 is not a ZeRO stage (allowed: 0, 1, 2, 3)",
+        ),
+        (
             &["plan", "--tp", "8", "--overlap-tp"],
             "--overlap-tp needs --sequence-parallel",
         ),

@@ -6,6 +6,7 @@
 
 /// Launch scripts: the `exatrain-export` crate.
 pub use exatrain_export as export;
+pub mod explain;
 pub mod fidelity;
 pub mod report;
 pub mod ttt;
@@ -43,6 +44,9 @@ pub struct Row {
     pub time_to_train: Option<TimeToTrain>,
     /// Why this count has no layout, when it has none.
     pub why: Option<String>,
+    /// The strong-scaling recommendation against `StudySpec::compare`'s stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compared: Option<explain::Explanation>,
 }
 
 /// A model across node counts.
@@ -88,15 +92,27 @@ pub struct StudySpec {
     pub zero: Vec<u8>,
     /// Search flash attention too (default true).
     pub flash_attention: bool,
+    /// Explain each strong-scaling recommendation against the best layout this stack runs.
+    pub compare: Option<explain::Stack>,
 }
 
 fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, spec: &StudySpec) -> Result<Point, String> {
-    let mut s = SpaceSpec {
+    let stack = explain::Stack {
         framework: spec.framework,
         zero: spec.zero.clone(),
+        flash_attention: spec.flash_attention,
+    };
+    best_on(m, c, gpus, gb, &stack)
+}
+
+/// The best layout of `gpus` GPUs and batch `gb` among those `stack` runs.
+fn best_on(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, stack: &explain::Stack) -> Result<Point, String> {
+    let mut s = SpaceSpec {
+        framework: stack.framework,
+        zero: stack.zero.clone(),
         ..SpaceSpec::new(gpus, gb)
     };
-    if !spec.flash_attention {
+    if !stack.flash_attention {
         s.flash_attention = vec![false];
     }
     if let Some(why) = space::why_empty(m, &s) {
@@ -144,9 +160,14 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
                 .as_ref()
                 .ok()
                 .map(|p| ttt::time_to_train(m, c, p.config.dtype, gpus, p.plan.tokens_per_s, tokens, s));
+            let compared = match (&strong, &s.compare) {
+                (Ok(p), Some(stack)) => Some(explain::explain(m, p, stack, best_on(m, c, gpus, gb0, stack))),
+                _ => None,
+            };
             Row {
                 nodes: n,
                 gpus,
+                compared,
                 weak: weak.ok(),
                 strong: strong.ok(),
                 weak_efficiency: None,

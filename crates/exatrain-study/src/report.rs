@@ -366,7 +366,29 @@ pub fn html(study: &Study, json: &str) -> String {
             ));
         }
     }
-    h.push_str("</table><h2>Time to train</h2><table><tr><th>model</th><th>nodes</th><th>tokens</th><th>model EFLOPs</th><th>days (no failures)</th><th>GPU-hours</th><th>node-hours</th><th>energy MWh</th><th>system MTBF h</th><th>checkpoint GB</th><th>interval min</th><th>overhead</th><th>days with failures</th></tr>");
+    h.push_str("</table>");
+    let compared: Vec<String> = study
+        .models
+        .iter()
+        .flat_map(|m| {
+            m.rows.iter().filter_map(move |r| {
+                r.compared.as_ref().map(|e| {
+                    format!(
+                        "<li>{} at {} nodes against {}</li>",
+                        esc(&m.model),
+                        r.nodes,
+                        esc(&crate::explain::sentence(e))
+                    )
+                })
+            })
+        })
+        .collect();
+    if !compared.is_empty() {
+        h.push_str("<h2>The recommendation against a stack</h2><p>The best layout the stack runs, the step-time terms that differ (recommended − stack, seconds per step) and what the recommendation needs beyond the stack:</p><ul>");
+        h.push_str(&compared.concat());
+        h.push_str("</ul>");
+    }
+    h.push_str("<h2>Time to train</h2><table><tr><th>model</th><th>nodes</th><th>tokens</th><th>model EFLOPs</th><th>days (no failures)</th><th>GPU-hours</th><th>node-hours</th><th>energy MWh</th><th>system MTBF h</th><th>checkpoint GB</th><th>interval min</th><th>overhead</th><th>days with failures</th></tr>");
     for m in &study.models {
         for cells in m.rows.iter().filter_map(|r| ttt_cells(m, r)) {
             h.push_str("<tr>");

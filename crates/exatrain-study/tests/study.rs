@@ -13,6 +13,7 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
         framework: None,
         zero: vec![0, 1, 2, 3],
         flash_attention: true,
+        compare: None,
     }
 }
 
@@ -127,4 +128,70 @@ fn a_restricted_study_recommends_only_what_the_stack_runs() {
     assert!(n.zero <= 1 && !n.flash_attention, "{n:?}");
     let tps = |s: &exatrain_study::Study| s.models[0].rows[0].strong.as_ref().unwrap().plan.tokens_per_s;
     assert!(tps(&narrow) <= tps(&full) * (1.0 + 1e-9), "{n:?} beat {f:?}");
+}
+
+#[test]
+fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
+    use exatrain_study::explain::{sentence, Stack};
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let stack = Stack {
+        framework: Some("megatron-deepspeed".parse().unwrap()),
+        zero: vec![0, 1],
+        flash_attention: false,
+    };
+    let s = study(
+        std::slice::from_ref(&m),
+        &c,
+        &StudySpec {
+            compare: Some(stack.clone()),
+            ..spec(vec![128])
+        },
+    );
+    let row = &s.models[0].rows[0];
+    let rec = row.strong.as_ref().unwrap();
+    let e = row.compared.as_ref().expect("compared when asked");
+    let b = e.stack_best.as_ref().expect("the stack has a layout at 128 nodes");
+    // the stack's best runs on the stack; the whole-space recommendation is at least as fast
+    assert!(b.config.zero <= 1 && !b.config.flash_attention, "{:?}", b.config);
+    assert!(e.speedup.unwrap() >= 1.0 - 1e-9);
+    // the terms are both plans' own, and the step is their sum
+    assert_eq!(e.terms.len(), 7);
+    let sum = |f: fn(&exatrain_study::explain::Term) -> f64| e.terms[..6].iter().map(f).sum::<f64>();
+    assert!((sum(|t| t.recommended_s) - rec.plan.step_time_s).abs() < 1e-6 * rec.plan.step_time_s);
+    assert!((sum(|t| t.stack_s) - b.plan.step_time_s).abs() < 1e-6 * b.plan.step_time_s);
+    // what the recommendation uses beyond the stack is named
+    let needs = e.needs.join("; ");
+    if rec.config.zero > 1 {
+        assert!(needs.contains(&format!("ZeRO-{}", rec.config.zero)), "{needs}");
+    }
+    if rec.config.flash_attention {
+        assert!(needs.contains("flash attention"), "{needs}");
+    }
+    let text = sentence(e);
+    assert!(
+        text.contains("megatron-deepspeed, ZeRO 0/1, no flash attention"),
+        "{text}"
+    );
+    // a stack that runs everything runs the recommendation itself
+    let all = Stack {
+        framework: None,
+        zero: vec![0, 1, 2, 3],
+        flash_attention: true,
+    };
+    let s = study(
+        std::slice::from_ref(&m),
+        &c,
+        &StudySpec {
+            compare: Some(all),
+            ..spec(vec![128])
+        },
+    );
+    let e = s.models[0].rows[0].compared.as_ref().unwrap();
+    assert!(
+        e.needs.is_empty() && (e.speedup.unwrap() - 1.0).abs() < 1e-12,
+        "{:?}",
+        e.needs
+    );
+    assert!(sentence(e).contains("runs the recommended layout itself"));
 }
