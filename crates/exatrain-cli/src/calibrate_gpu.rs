@@ -63,7 +63,7 @@ pub fn run(a: &CalibrateArgs) -> Result<(), SpecError> {
     use exatrain_cuda::kernels::{Precision, MODULES};
     use exatrain_cuda::{bench, device, gemm::Lt};
     use exatrain_spec::{ClusterSpec, DeviceSpec, NetworkSpec, NodeSpec};
-    use exatrain_train::calibrate::{fit_gemm, GemmPoint};
+    use exatrain_train::calibrate::{gemm_fit, GemmFit, GemmPoint};
     use exatrain_tune::store::write_atomic;
 
     let gpu_err = |e: exatrain_cuda::GpuError| SpecError::new(format!("calibrate --device cuda: {e}"));
@@ -137,13 +137,11 @@ pub fn run(a: &CalibrateArgs) -> Result<(), SpecError> {
             gflops: t.tflops * 1e3,
         })
         .collect();
-    let fit = fit_gemm(&points, peak_bf16 * 1e3);
-    let mut errs: Vec<f64> = points
-        .iter()
-        .map(|p| (peak_bf16 * 1e3 * fit.efficiency(p.m as f64, p.n as f64, p.k as f64) / p.gflops - 1.0).abs())
-        .collect();
-    errs.sort_by(f64::total_cmp);
-    let fit_error = errs[errs.len() / 2];
+    let GemmFit {
+        curve: fit,
+        median_error: fit_error,
+        table,
+    } = gemm_fit(&points, peak_bf16 * 1e3);
     let (hbm_gbps, memory_efficiency) = match nominal_hbm {
         Some(h) => (h, (memory_gbps / h).min(1.0)),
         None => (memory_gbps, 1.0),
@@ -159,15 +157,7 @@ pub fn run(a: &CalibrateArgs) -> Result<(), SpecError> {
             hbm_gbps,
             memory_efficiency,
             gemm: fit,
-            gemm_table: points
-                .iter()
-                .map(|p| exatrain_spec::GemmMeasure {
-                    m: p.m as f64,
-                    n: p.n as f64,
-                    k: p.k as f64,
-                    efficiency: (p.gflops / (peak_bf16 * 1e3)).clamp(1e-6, 1.0),
-                })
-                .collect(),
+            gemm_table: table,
         },
         node: NodeSpec {
             devices: 1,

@@ -117,6 +117,39 @@ pub fn fit_gemm(points: &[GemmPoint], peak: f64) -> GemmEfficiency {
     best.1
 }
 
+/// Measured GEMMs against a peak (GFLOP/s), as the planner takes them: the fitted curve, its
+/// median |relative error| on the measured shapes, and the shapes themselves as the spec's
+/// `gemm_table` (at most `GEMM_TABLE_MAX`). The CPU and the GPU calibrations both use it.
+pub struct GemmFit {
+    pub curve: GemmEfficiency,
+    pub median_error: f64,
+    pub table: Vec<exatrain_spec::GemmMeasure>,
+}
+
+pub fn gemm_fit(points: &[GemmPoint], peak: f64) -> GemmFit {
+    let curve = fit_gemm(points, peak);
+    let mut errs: Vec<f64> = points
+        .iter()
+        .map(|p| (peak * curve.efficiency(p.m as f64, p.n as f64, p.k as f64) / p.gflops - 1.0).abs())
+        .collect();
+    errs.sort_by(|a, b| a.total_cmp(b));
+    let table = points
+        .iter()
+        .take(exatrain_spec::GEMM_TABLE_MAX)
+        .map(|p| exatrain_spec::GemmMeasure {
+            m: p.m as f64,
+            n: p.n as f64,
+            k: p.k as f64,
+            efficiency: (p.gflops / peak).clamp(1e-6, 1.0),
+        })
+        .collect();
+    GemmFit {
+        curve,
+        median_error: errs[errs.len() / 2],
+        table,
+    }
+}
+
 /// What a calibration measured, and the spec made from it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibration {
@@ -145,13 +178,11 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
         })
         .collect();
     let peak = gemm.iter().map(|p| p.gflops).fold(0.0, f64::max);
-    let fit = fit_gemm(&gemm, peak);
-    let mut errs: Vec<f64> = gemm
-        .iter()
-        .map(|p| (peak * fit.efficiency(p.m as f64, p.n as f64, p.k as f64) / p.gflops - 1.0).abs())
-        .collect();
-    errs.sort_by(|a, b| a.total_cmp(b));
-    let fit_error = errs[errs.len() / 2];
+    let GemmFit {
+        curve: fit,
+        median_error: fit_error,
+        table,
+    } = gemm_fit(&gemm, peak);
     let memory_gbps = memory_bandwidth(if quick { 64 } else { 256 }, reps);
     let threads = rayon::current_num_threads();
     let spec = ClusterSpec {
@@ -165,16 +196,7 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
             memory_efficiency: 1.0,
             gemm: fit,
             // each measured shape as it ran: the planner corrects the curve toward them
-            gemm_table: gemm
-                .iter()
-                .take(exatrain_spec::GEMM_TABLE_MAX)
-                .map(|p| exatrain_spec::GemmMeasure {
-                    m: p.m as f64,
-                    n: p.n as f64,
-                    k: p.k as f64,
-                    efficiency: (p.gflops / peak).clamp(1e-6, 1.0),
-                })
-                .collect(),
+            gemm_table: table,
         },
         node: NodeSpec {
             devices: 1,
