@@ -2,24 +2,24 @@
 //! shape, bounded by HBM traffic), the attention core, and memory-bound element-wise ops.
 //! Times are for one microbatch on one device of a TP group, in seconds.
 
-use exatrain_spec::{ClusterSpec, Dtype, GemmEfficiency, GemmMeasure, Mlp, ModelSpec, ParallelConfig};
+use exatrain_spec::{ClusterSpec, Dtype, GemmCorrection, GemmEfficiency, Mlp, ModelSpec, ParallelConfig};
 
 /// What a device delivers for a given number format.
-#[derive(Debug, Clone, Copy)]
-pub struct Device<'a> {
+#[derive(Debug, Clone)]
+pub struct Device {
     /// Dense peak, FLOP/s.
     pub peak: f64,
     /// Achieved HBM bandwidth for streaming kernels, bytes/s.
     pub mem_bw: f64,
     pub gemm: GemmEfficiency,
     /// Measured GEMM efficiencies the curve is corrected toward (`DeviceSpec.gemm_table`).
-    pub gemm_table: &'a [GemmMeasure],
+    pub gemm_table: GemmCorrection,
     /// The software stack's multiplier on the GEMM curve (`ClusterSpec.stack`).
     pub stack: f64,
 }
 
-impl<'a> Device<'a> {
-    pub fn new(c: &'a ClusterSpec, dtype: Dtype) -> Self {
+impl Device {
+    pub fn new(c: &ClusterSpec, dtype: Dtype) -> Self {
         let tflops = match dtype {
             Dtype::Bf16 => c.device.peak_tflops_bf16,
             Dtype::Fp32 => c.device.peak_tflops_fp32,
@@ -28,7 +28,7 @@ impl<'a> Device<'a> {
             peak: tflops * 1e12,
             mem_bw: c.device.hbm_gbps * 1e9 * c.device.memory_efficiency,
             gemm: c.device.gemm,
-            gemm_table: &c.device.gemm_table,
+            gemm_table: GemmCorrection::new(&c.device.gemm, &c.device.gemm_table),
             stack: c.stack.compute_efficiency,
         }
     }
@@ -39,8 +39,7 @@ impl<'a> Device<'a> {
     #[inline]
     pub fn gemm(&self, batch: f64, m: f64, n: f64, k: f64, e: f64) -> f64 {
         let flops = 2.0 * batch * m * n * k;
-        let t_compute =
-            flops / (self.peak * (self.stack * self.gemm.efficiency_with(self.gemm_table, m, n, k)).min(1.0));
+        let t_compute = flops / (self.peak * (self.stack * self.gemm_table.efficiency(&self.gemm, m, n, k)).min(1.0));
         let t_memory = batch * (m * k + k * n + m * n) * e / self.mem_bw;
         t_compute.max(t_memory)
     }
@@ -72,7 +71,7 @@ impl BlockTime {
 /// Forward time of one block. Shapes per device: T = b·s tokens, TP shards heads and the FFN
 /// width; with sequence parallelism the norm/dropout/residual region works on T/t tokens,
 /// without it every TP rank repeats that work on all T.
-pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> BlockTime {
+pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime {
     let e = p.dtype.bytes();
     let t = p.tp as f64;
     let b = p.micro_batch as f64;
@@ -130,7 +129,7 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> Block
 /// twice the forward (data and weight gradients have the forward's dimensions); element-wise
 /// backward moves about twice the bytes; flash attention's backward is 2.5× its forward (it
 /// recomputes the scores).
-pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> f64 {
+pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let fwd = block_forward(m, p, d);
     let core_bwd = if p.flash_attention { 2.5 } else { 2.0 } * fwd.core;
     let bwd = 2.0 * fwd.gemm + core_bwd + 2.0 * fwd.elementwise;
@@ -144,7 +143,7 @@ pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> f64 {
 }
 
 /// Forward + backward of the input embedding (first stage), one microbatch.
-pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> f64 {
+pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let tokens = p.micro_batch as f64 * m.seq_len as f64;
     let h = m.hidden as f64;
     let e = p.dtype.bytes();
@@ -154,7 +153,7 @@ pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> f64
 
 /// Forward + backward of the final norm, output head and cross-entropy (last stage), one
 /// microbatch. Logits are vocabulary-parallel (V/t per rank); the loss works in fp32.
-pub fn head_train(m: &ModelSpec, p: &ParallelConfig, d: &Device<'_>) -> f64 {
+pub fn head_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let tokens = p.micro_batch as f64 * m.seq_len as f64;
     let h = m.hidden as f64;
     let v = m.padded_vocab as f64 / p.tp as f64;

@@ -37,30 +37,48 @@ pub struct GemmMeasure {
 /// The most entries a `gemm_table` may hold (each GEMM the planner prices looks at all of them).
 pub const GEMM_TABLE_MAX: usize = 64;
 
-impl GemmEfficiency {
-    /// The efficiency of an (m × k)·(k × n) GEMM with the `table`'s measurements: the curve, times
-    /// the measured/curve ratio interpolated over the measured shapes (inverse squared distance in
-    /// ln m, ln n, ln k). At a measured shape it is the measurement; far from all of them, the curve
-    /// times the ratio of the nearest ones. An empty table is the curve.
+/// A `gemm_table` prepared for pricing GEMMs: each measured shape's ln m, ln n, ln k, the ln of
+/// its measured/curve ratio, and its measured efficiency, computed once (not per GEMM priced).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GemmCorrection {
+    points: Vec<[f64; 5]>,
+}
+
+impl GemmCorrection {
+    pub fn new(curve: &GemmEfficiency, table: &[GemmMeasure]) -> Self {
+        GemmCorrection {
+            points: table
+                .iter()
+                .map(|t| {
+                    let ratio = (t.efficiency / curve.efficiency(t.m, t.n, t.k)).ln();
+                    [t.m.ln(), t.n.ln(), t.k.ln(), ratio, t.efficiency]
+                })
+                .collect(),
+        }
+    }
+
+    /// The efficiency of an (m × k)·(k × n) GEMM: the curve, times the measured/curve ratio
+    /// interpolated over the measured shapes (inverse squared distance in ln m, ln n, ln k). At a
+    /// measured shape it is the measurement; far from all of them, the curve times the ratio of
+    /// the nearest ones. No measurements: the curve.
     #[inline]
-    pub fn efficiency_with(&self, table: &[GemmMeasure], m: f64, n: f64, k: f64) -> f64 {
-        let curve = self.efficiency(m, n, k);
-        if table.is_empty() {
-            return curve;
+    pub fn efficiency(&self, curve: &GemmEfficiency, m: f64, n: f64, k: f64) -> f64 {
+        let e = curve.efficiency(m, n, k);
+        if self.points.is_empty() {
+            return e;
         }
         let (lm, ln_, lk) = (m.ln(), n.ln(), k.ln());
         let (mut wsum, mut acc) = (0.0, 0.0);
-        for t in table {
-            let ratio = (t.efficiency / self.efficiency(t.m, t.n, t.k)).ln();
-            let d2 = (lm - t.m.ln()).powi(2) + (ln_ - t.n.ln()).powi(2) + (lk - t.k.ln()).powi(2);
+        for &[pm, pn, pk, ratio, measured] in &self.points {
+            let d2 = (lm - pm).powi(2) + (ln_ - pn).powi(2) + (lk - pk).powi(2);
             if d2 < 1e-18 {
-                return t.efficiency;
+                return measured;
             }
             let w = 1.0 / d2;
             wsum += w;
             acc += w * ratio;
         }
-        curve * (acc / wsum).exp()
+        e * (acc / wsum).exp()
     }
 }
 
@@ -82,7 +100,7 @@ pub struct DeviceSpec {
     pub memory_efficiency: f64,
     pub gemm: GemmEfficiency,
     /// Measured GEMM efficiencies by shape (written by `exatrain calibrate`): the curve is
-    /// corrected toward them (`GemmEfficiency::efficiency_with`). Empty: the curve alone.
+    /// corrected toward them (`GemmCorrection`). Empty: the curve alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gemm_table: Vec<GemmMeasure>,
 }

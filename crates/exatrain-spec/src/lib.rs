@@ -17,8 +17,8 @@ mod parallel;
 pub mod presets;
 
 pub use cluster::{
-    ClusterSpec, DeviceSpec, GemmEfficiency, GemmMeasure, LaunchSpec, LinkClass, NetworkSpec, NodeSpec, StackSpec,
-    SystemSpec, GEMM_TABLE_MAX,
+    ClusterSpec, DeviceSpec, GemmCorrection, GemmEfficiency, GemmMeasure, LaunchSpec, LinkClass, NetworkSpec, NodeSpec,
+    StackSpec, SystemSpec, GEMM_TABLE_MAX,
 };
 pub use error::{Invalid, SpecError};
 pub use framework::Framework;

@@ -333,7 +333,7 @@ fn uneven_pipeline_stages() {
 
 #[test]
 fn a_gemm_table_corrects_the_curve_toward_what_was_measured() {
-    use exatrain_spec::{GemmEfficiency, GemmMeasure};
+    use exatrain_spec::{GemmCorrection, GemmEfficiency, GemmMeasure};
     let curve = GemmEfficiency {
         max_efficiency: 0.8,
         half_size: 100.0,
@@ -342,20 +342,23 @@ fn a_gemm_table_corrects_the_curve_toward_what_was_measured() {
     // measured: small squares run at half the curve, large ones at the curve
     let small = curve.efficiency(256.0, 256.0, 256.0);
     let large = curve.efficiency(8192.0, 8192.0, 8192.0);
-    let table = [at(256.0, 256.0, 256.0, small / 2.0), at(8192.0, 8192.0, 8192.0, large)];
+    let table = GemmCorrection::new(
+        &curve,
+        &[at(256.0, 256.0, 256.0, small / 2.0), at(8192.0, 8192.0, 8192.0, large)],
+    );
     assert_eq!(
-        curve.efficiency_with(&[], 1000.0, 900.0, 800.0),
+        GemmCorrection::new(&curve, &[]).efficiency(&curve, 1000.0, 900.0, 800.0),
         curve.efficiency(1000.0, 900.0, 800.0)
     );
     // at a measured shape: the measurement
-    assert_eq!(curve.efficiency_with(&table, 256.0, 256.0, 256.0), small / 2.0);
-    assert_eq!(curve.efficiency_with(&table, 8192.0, 8192.0, 8192.0), large);
+    assert_eq!(table.efficiency(&curve, 256.0, 256.0, 256.0), small / 2.0);
+    assert_eq!(table.efficiency(&curve, 8192.0, 8192.0, 8192.0), large);
     // halfway (in ln size) the ratio is the geometric mean of the two: 1/√2
     let mid = (256.0f64 * 8192.0).sqrt();
-    let got = curve.efficiency_with(&table, mid, mid, mid) / curve.efficiency(mid, mid, mid);
+    let got = table.efficiency(&curve, mid, mid, mid) / curve.efficiency(mid, mid, mid);
     assert!((got - 0.5f64.sqrt()).abs() < 1e-9, "{got}");
     // nearer the small shape, nearer its ratio
-    let near = curve.efficiency_with(&table, 300.0, 300.0, 300.0) / curve.efficiency(300.0, 300.0, 300.0);
+    let near = table.efficiency(&curve, 300.0, 300.0, 300.0) / curve.efficiency(300.0, 300.0, 300.0);
     assert!(near < 0.55 && near > 0.5, "{near}");
 }
 
