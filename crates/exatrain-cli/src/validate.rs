@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use exatrain_cost::{flops, plan};
-use exatrain_spec::{load, ModelFile, ParallelConfig, Recompute, SpecError};
+use exatrain_spec::{load, Framework, ModelFile, ParallelConfig, Recompute, SpecError};
 use exatrain_tune::median;
 use serde::{Deserialize, Serialize};
 
@@ -22,10 +22,10 @@ pub struct ValidateArgs {
     /// report the fitted values with their in-sample and leave-one-out errors.
     #[arg(long)]
     pub fit: bool,
-    /// Report the error per source (the CSV's `source` column): zero-shot (the cluster's compute
-    /// factor fitted only to the other sources' runs on that cluster, or the preset as it is when
-    /// no other source ran there) and one-shot (fitted to the source's smallest run only,
-    /// predicting its other runs).
+    /// Report the error per source (the CSV's `source` column): zero-shot (the stack's compute
+    /// factor fitted only to the other sources' runs, each on its own cluster; the preset as it
+    /// is when no other source is in the file) and one-shot (fitted to the source's smallest run
+    /// only, predicting its other runs).
     #[arg(long)]
     pub per_source: bool,
 }
@@ -65,6 +65,10 @@ pub struct Run {
     /// TP communication overlap (--tp-comm-overlap): yes | no (default no)
     #[serde(default = "no")]
     pub overlap_tp: String,
+    /// the framework that ran it: megatron-lm (default) | megatron-deepspeed | torchtitan; the
+    /// cluster's stack is carried to it (`ClusterSpec::for_framework`)
+    #[serde(default = "megatron_lm")]
+    pub framework: String,
 }
 
 fn dash() -> String {
@@ -73,9 +77,12 @@ fn dash() -> String {
 fn no() -> String {
     "no".into()
 }
+fn megatron_lm() -> String {
+    "megatron-lm".into()
+}
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 23] = [
+pub const COLUMNS: [&str; 24] = [
     "name",
     "params_b",
     "layers",
@@ -99,6 +106,7 @@ pub const COLUMNS: [&str; 23] = [
     "flash",
     "zero",
     "overlap_tp",
+    "framework",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -129,7 +137,9 @@ fn field<T>(r: Result<T, SpecError>, run: &str) -> Result<T, SpecError> {
 /// A run turned into the planner's types.
 pub struct Case {
     pub model: exatrain_spec::ModelSpec,
+    /// the run's cluster as its framework runs it
     pub cluster: exatrain_spec::ClusterSpec,
+    pub framework: Framework,
     pub cfg: ParallelConfig,
     pub metric: String,
     pub measured: f64,
@@ -190,7 +200,13 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         ..Default::default()
     };
     let model = field(model.resolve(&run.name), &run.name)?;
-    let cluster = field(load::cluster(&run.cluster), &run.name)?;
+    let framework: Framework = run.framework.parse().map_err(|_| {
+        SpecError::new(format!(
+            "run {}: framework `{}` is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)",
+            run.name, run.framework
+        ))
+    })?;
+    let cluster = field(load::cluster(&run.cluster), &run.name)?.for_framework(framework);
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,
@@ -233,6 +249,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     Ok(Case {
         model,
         cluster,
+        framework,
         cfg,
         metric: run.metric.clone(),
         measured: run.measured,
@@ -357,7 +374,10 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
     let per_source = if a.per_source {
         let cases: Vec<Case> = runs.iter().map(to_case).collect::<Result<_, _>>()?;
         let sources: Vec<String> = runs.iter().map(|r| r.source.clone()).collect();
-        Some(crate::validate_sources::per_source(&cases, &sources)?)
+        Some((
+            crate::validate_sources::per_source(&cases, &sources)?,
+            crate::validate_sources::per_framework(&cases),
+        ))
     } else {
         None
     };
@@ -370,7 +390,9 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
     if a.json {
         let out = serde_json::json!({
             "runs": rows, "median_abs_rel_error": med, "max_abs_rel_error": max,
-            "worst": rows[worst_i].name, "per_source": per_source,
+            "worst": rows[worst_i].name,
+            "per_source": per_source.as_ref().map(|p| &p.0),
+            "per_framework": per_source.as_ref().map(|p| &p.1),
         });
         println!("{out}");
     } else {
@@ -394,9 +416,10 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
             100.0 * max,
             rows[worst_i].name
         );
-        if let Some(p) = &per_source {
+        if let Some((sources, frameworks)) = &per_source {
             println!();
-            crate::validate_sources::print(p);
+            crate::validate_sources::print(sources);
+            crate::validate_sources::print_frameworks(frameworks);
         }
     }
     Ok(())

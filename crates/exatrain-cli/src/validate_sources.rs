@@ -3,14 +3,16 @@
 //!
 //! The part of a cluster spec fitted here is its compute factor (the stack's kernel efficiency
 //! relative to the spec: `calibrate`'s `Factor::Compute`), one number, so that a single run
-//! determines it. Zero-shot: fitted to the runs of every *other* source on the same kind of device
-//! (leave-one-source-out; each run on its own cluster, so Selene's A100 runs inform Jean Zay's);
-//! when no other source used that device, the preset is used as it is. One-shot:
+//! determines it. Zero-shot: fitted to the runs of every *other* source that ran on the same
+//! framework, or of every other source when none did (leave-one-source-out; each run on its own
+//! cluster, carried to its framework). Any device counts: a preset's GEMM curve is the bare
+//! matmul's (its measured ceiling) and the factor is the stack's share of it, so Selene's A100
+//! runs inform the H100 and V100 sources too. One-shot:
 //! fitted to the source's smallest run (fewest GPUs, then fewest parameters) alone, then the
 //! source's other runs are predicted.
 
 use exatrain_cost::fit::Factor;
-use exatrain_spec::{ClusterSpec, SpecError};
+use exatrain_spec::{ClusterSpec, Framework, SpecError};
 use exatrain_tune::median;
 use serde::Serialize;
 
@@ -22,7 +24,8 @@ pub struct SourceRow {
     pub source: String,
     pub cluster: String,
     pub runs: usize,
-    /// runs of other sources the zero-shot factor was fitted to (0: the preset as it is)
+    /// runs of other sources the zero-shot factor was fitted to (0: the preset as it is, when the
+    /// file holds one source)
     pub zero_shot_fitted_to: usize,
     pub zero_shot_compute_factor: f64,
     pub zero_shot_errors: Vec<f64>,
@@ -97,12 +100,18 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
             )));
         }
         let base = mine[0].cluster.clone();
-        let others: Vec<&Case> = cases
-            .iter()
-            .zip(sources)
-            .filter(|(c, x)| *x != s && c.cluster.device.name == base.device.name)
-            .map(|(c, _)| c)
-            .collect();
+        // leave-one-source-out: the other sources of this source's framework when there are
+        // any (the framework's constant then cancels), else every other source
+        let others_of = |same: bool| -> Vec<&Case> {
+            cases
+                .iter()
+                .zip(sources)
+                .filter(|(c, x)| *x != s && (!same || c.framework == mine[0].framework))
+                .map(|(c, _)| c)
+                .collect()
+        };
+        let same = others_of(true);
+        let others = if same.is_empty() { others_of(false) } else { same };
         let zero = if others.is_empty() { 1.0 } else { fit_compute(&others) };
         let zero_shot_errors = errors(&mine, &scaled(&base, zero))?;
         let smallest = mine
@@ -129,6 +138,42 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
         });
     }
     Ok(rows)
+}
+
+/// One framework's stack factor, fitted to all of its runs (each on its own cluster, carried to
+/// the framework by `Framework::compute_efficiency`): 1 when that constant agrees with the runs.
+#[derive(Debug, Serialize)]
+pub struct FrameworkRow {
+    pub framework: String,
+    pub runs: usize,
+    pub compute_factor: f64,
+}
+
+/// The stack factor of every framework in `cases`, fitted to all its runs.
+pub fn per_framework(cases: &[Case]) -> Vec<FrameworkRow> {
+    Framework::ALL
+        .into_iter()
+        .filter_map(|f| {
+            let mine: Vec<&Case> = cases.iter().filter(|c| c.framework == f).collect();
+            (!mine.is_empty()).then(|| FrameworkRow {
+                framework: f.name().to_string(),
+                runs: mine.len(),
+                compute_factor: fit_compute(&mine),
+            })
+        })
+        .collect()
+}
+
+/// The per-framework line `validate --per-source` prints under its table.
+pub fn print_frameworks(rows: &[FrameworkRow]) {
+    let parts: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{} ×{:.3} ({} runs)", r.framework, r.compute_factor, r.runs))
+        .collect();
+    println!(
+        "stack factor fitted to all of each framework's runs (1 = Framework::compute_efficiency agrees): {}",
+        parts.join(", ")
+    );
 }
 
 fn med_max(e: &[f64]) -> (f64, f64) {

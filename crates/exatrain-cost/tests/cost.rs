@@ -130,11 +130,13 @@ fn model_state_bytes_by_zero_stage() {
         };
         let p = plan(&m, &c, &cfg).unwrap();
         let mb = p.memory_bytes;
+        // Megatron-LM's distributed-optimizer table: bf16 weights, fp32 gradients, fp32 master
+        // weights + Adam moments = 2 + 4 + 12 bytes per parameter, sharded by stage
         let (w, g, o) = match zero {
-            0 => (2.0 * n, 2.0 * n, 12.0 * n),
-            1 => (2.0 * n, 2.0 * n, 12.0 * n / 8.0),
-            2 => (2.0 * n, 2.0 * n / 8.0, 12.0 * n / 8.0),
-            _ => (2.0 * n / 8.0, 2.0 * n / 8.0, 12.0 * n / 8.0),
+            0 => (2.0 * n, 4.0 * n, 12.0 * n),
+            1 => (2.0 * n, 4.0 * n, 12.0 * n / 8.0),
+            2 => (2.0 * n, 4.0 * n / 8.0, 12.0 * n / 8.0),
+            _ => (2.0 * n / 8.0, 4.0 * n / 8.0, 12.0 * n / 8.0),
         };
         assert!(
             close(mb.weights, w, 1e-12) && close(mb.grads, g, 1e-12) && close(mb.optimizer, o, 1e-12),
@@ -541,7 +543,7 @@ fn the_stack_efficiency_scales_compute_but_not_the_peak() {
     let mut slow = c.clone();
     exatrain_cost::fit::Factor::Compute.apply(&mut slow, 0.5);
     assert_eq!(slow.device.peak_tflops_bf16, c.device.peak_tflops_bf16);
-    assert_eq!(slow.stack.compute_efficiency, 0.5);
+    assert_eq!(slow.stack.compute_efficiency, 0.5 * c.stack.compute_efficiency);
     slow.validate().unwrap();
     let (a, b) = (plan(&m, &c, &cfg).unwrap(), plan(&m, &slow, &cfg).unwrap());
     assert!(
@@ -565,6 +567,37 @@ fn the_stack_efficiency_scales_compute_but_not_the_peak() {
         .unwrap_err()
         .to_string()
         .contains("stack.compute_efficiency"));
+}
+
+/// A preset's stack is Megatron-LM's; carried to another framework it is scaled by the two
+/// frameworks' kernel efficiencies, so the same layout is slower on Megatron-DeepSpeed by that
+/// ratio in compute and unchanged in communication; a stack that names no framework is kept.
+#[test]
+fn a_cluster_is_carried_to_another_framework_by_its_kernel_efficiency() {
+    use exatrain_spec::Framework;
+    let c = presets::cluster("selene").unwrap();
+    assert_eq!(c.stack.framework, Some(Framework::MegatronLm));
+    let ds = c.for_framework(Framework::MegatronDeepspeed);
+    assert_eq!(ds.stack.framework, Some(Framework::MegatronDeepspeed));
+    let ratio = Framework::MegatronDeepspeed.compute_efficiency() / Framework::MegatronLm.compute_efficiency();
+    assert!(ratio < 1.0);
+    assert!(close(
+        ds.stack.compute_efficiency,
+        c.stack.compute_efficiency * ratio,
+        1e-12
+    ));
+    // back again: the same spec
+    let back = ds.for_framework(Framework::MegatronLm);
+    assert!(close(back.stack.compute_efficiency, c.stack.compute_efficiency, 1e-12));
+    assert_eq!(c.for_framework(Framework::MegatronLm), c);
+    let m = presets::model("gpt-22b").unwrap();
+    let cfg = ParallelConfig::new(8, 1, 1, 1, 8);
+    let (a, b) = (plan(&m, &c, &cfg).unwrap(), plan(&m, &ds, &cfg).unwrap());
+    assert!(b.time_s.compute > a.time_s.compute);
+    assert_eq!(b.time_s.tp_comm, a.time_s.tp_comm);
+    let mut own = c.clone();
+    own.stack.framework = None;
+    assert_eq!(own.for_framework(Framework::MegatronDeepspeed), own);
 }
 
 #[test]

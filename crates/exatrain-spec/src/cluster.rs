@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::SpecError;
+use crate::{Framework, SpecError};
 
 /// How well one device's dense GEMMs use its peak, by problem size:
 /// `eff(m, n, k) = max_efficiency · d / (d + half_size)` with `d = 3 / (1/m + 1/n + 1/k)`
@@ -194,12 +194,18 @@ pub struct StackSpec {
     /// core), capped at the device's peak: 1 = the curve as the spec gives it.
     #[serde(default = "one")]
     pub compute_efficiency: f64,
+    /// The framework `compute_efficiency` was measured with (the GPU presets: Megatron-LM);
+    /// [`ClusterSpec::for_framework`] carries it to another by [`Framework::compute_efficiency`].
+    /// None: the curve is the trainer's own (what `calibrate` measures), no framework's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub framework: Option<Framework>,
 }
 
 impl Default for StackSpec {
     fn default() -> Self {
         StackSpec {
             compute_efficiency: 1.0,
+            framework: None,
         }
     }
 }
@@ -264,6 +270,20 @@ fn fraction(v: f64, field: &str) -> Result<(), SpecError> {
 }
 
 impl ClusterSpec {
+    /// This cluster as framework `f` runs it: the stack's compute efficiency carried from the
+    /// framework it was measured with to `f` by their [`Framework::compute_efficiency`] ratio.
+    /// Unchanged when the stack names no framework (a trainer calibration) or names `f`.
+    pub fn for_framework(&self, f: Framework) -> ClusterSpec {
+        let mut c = self.clone();
+        if let Some(g) = c.stack.framework {
+            if g != f {
+                c.stack.compute_efficiency *= f.compute_efficiency() / g.compute_efficiency();
+                c.stack.framework = Some(f);
+            }
+        }
+        c
+    }
+
     /// Check every field; the cost model assumes a validated spec.
     pub fn validate(&self) -> Result<(), SpecError> {
         let d = &self.device;

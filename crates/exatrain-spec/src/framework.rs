@@ -41,6 +41,20 @@ impl Framework {
         }
     }
 
+    /// The end-to-end kernel efficiency this framework gets out of a device, relative to
+    /// Megatron-LM's on the same device and layout (what a cluster's `[stack]` carries; see
+    /// `ClusterSpec::for_framework`). Megatron-DeepSpeed: the stack factor fitted to its two
+    /// published sources in `data/published-runs.csv` (BLOOM-176B on Jean Zay, MT-NLG 530B on
+    /// Selene) over the one fitted to the Megatron-LM sources (Narayanan 2021, Korthikanti 2022,
+    /// the H100 table, Shoeybi 2019); `tests/cli.rs` refits it from the file. torchtitan: no
+    /// published run with its layout is in the file, so Megatron-LM's (an assumption).
+    pub fn compute_efficiency(self) -> f64 {
+        match self {
+            Framework::MegatronLm | Framework::Torchtitan => 1.0,
+            Framework::MegatronDeepspeed => 0.853,
+        }
+    }
+
     /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
         let default_order = RankOrder::default();

@@ -99,8 +99,9 @@ fn terms(rec: &Point, other: &Point) -> Vec<Term> {
     ]
 }
 
-/// What `rec` uses that `stack` does not run.
-pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack) -> Vec<String> {
+/// What `rec` uses that `stack` does not run. `priced_as`: the framework whose kernel efficiency
+/// the recommendation was priced with (the cluster's `[stack]`), when it names one.
+pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack, priced_as: Option<Framework>) -> Vec<String> {
     let c = &rec.config;
     let mut out = Vec::new();
     if !stack.zero.contains(&c.zero) {
@@ -120,17 +121,29 @@ pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack) -> Vec<String> {
         if let Err(why) = f.can_run(m, c) {
             out.push(format!("{why} (not run by {f})"));
         }
+        if let Some(g) = priced_as.filter(|g| g.compute_efficiency() > f.compute_efficiency()) {
+            out.push(format!(
+                "{g}'s kernel efficiency ({f} reaches {:.1} % of it on the published runs)",
+                100.0 * f.compute_efficiency() / g.compute_efficiency()
+            ));
+        }
     }
     out
 }
 
 /// Compare the recommended point with the stack's best for the same GPUs and batch.
-pub fn explain(m: &ModelSpec, rec: &Point, stack: &Stack, stack_best: Result<Point, String>) -> Explanation {
+pub fn explain(
+    m: &ModelSpec,
+    rec: &Point,
+    stack: &Stack,
+    priced_as: Option<Framework>,
+    stack_best: Result<Point, String>,
+) -> Explanation {
     match stack_best {
         Ok(b) => Explanation {
             stack: stack.clone(),
             terms: terms(rec, &b),
-            needs: needs(m, rec, stack),
+            needs: needs(m, rec, stack, priced_as),
             speedup: Some(rec.plan.tokens_per_s / b.plan.tokens_per_s),
             stack_best: Some(b),
             why: None,
@@ -140,7 +153,7 @@ pub fn explain(m: &ModelSpec, rec: &Point, stack: &Stack, stack_best: Result<Poi
             stack_best: None,
             why: Some(why),
             terms: Vec::new(),
-            needs: needs(m, rec, stack),
+            needs: needs(m, rec, stack, priced_as),
             speedup: None,
         },
     }

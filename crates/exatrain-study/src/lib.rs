@@ -105,8 +105,13 @@ fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, spec: &StudySpec) ->
     best_on(m, c, gpus, gb, &stack)
 }
 
-/// The best layout of `gpus` GPUs and batch `gb` among those `stack` runs.
+/// The best layout of `gpus` GPUs and batch `gb` among those `stack` runs, priced with the
+/// kernel efficiency of the stack's framework (`ClusterSpec::for_framework`).
 fn best_on(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, stack: &explain::Stack) -> Result<Point, String> {
+    let c = &match stack.framework {
+        Some(f) => c.for_framework(f),
+        None => c.clone(),
+    };
     let mut s = SpaceSpec {
         framework: stack.framework,
         zero: stack.zero.clone(),
@@ -161,7 +166,13 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
                 .ok()
                 .map(|p| ttt::time_to_train(m, c, p.config.dtype, gpus, p.plan.tokens_per_s, tokens, s));
             let compared = match (&strong, &s.compare) {
-                (Ok(p), Some(stack)) => Some(explain::explain(m, p, stack, best_on(m, c, gpus, gb0, stack))),
+                (Ok(p), Some(stack)) => Some(explain::explain(
+                    m,
+                    p,
+                    stack,
+                    s.framework.map_or(c.stack.framework, Some),
+                    best_on(m, c, gpus, gb0, stack),
+                )),
                 _ => None,
             };
             Row {

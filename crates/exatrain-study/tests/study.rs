@@ -168,6 +168,12 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
     if rec.config.flash_attention {
         assert!(needs.contains("flash attention"), "{needs}");
     }
+    // the stack's best is priced with Megatron-DeepSpeed's kernel efficiency, the recommendation
+    // with the preset's (Megatron-LM's), and the gap is named
+    assert!(needs.contains("megatron-lm's kernel efficiency"), "{needs}");
+    let ds = c.for_framework(stack.framework.unwrap());
+    let replanned = exatrain_cost::plan(&m, &ds, &b.config).unwrap();
+    assert!((replanned.step_time_s - b.plan.step_time_s).abs() < 1e-9 * b.plan.step_time_s);
     let text = sentence(e);
     assert!(
         text.contains("megatron-deepspeed, ZeRO 0/1, no flash attention"),

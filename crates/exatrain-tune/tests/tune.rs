@@ -464,7 +464,8 @@ fn spearman(a: &[f64], b: &[f64]) -> f64 {
 #[test]
 fn the_trend_fitted_to_a_few_trials_ranks_the_layouts_it_has_not_seen() {
     // Fit the textbook trend's constants to 15 random layouts that ran (the cost model's
-    // throughput), then rank every other layout that runs.
+    // throughput), then rank every other layout that runs; the median over 5 draws of the 15,
+    // so that one unlucky draw neither passes nor fails the test.
     for (model, gpus, gbs) in [("gpt-22b", 128, 1024), ("gpt-175b", 1024, 1024), ("gpt-1t", 3072, 3072)] {
         let m = presets::model(model).unwrap();
         let c = presets::cluster("frontier").unwrap();
@@ -472,29 +473,35 @@ fn the_trend_fitted_to_a_few_trials_ranks_the_layouts_it_has_not_seen() {
         let runs: Vec<(ParallelConfig, f64)> = space::configs(&m, &SpaceSpec::new(gpus, gbs))
             .filter_map(|p| plan(&m, &c, &p).ok().filter(|x| x.fits).map(|x| (p, x.tokens_per_s)))
             .collect();
-        let mut rng = fastrand::Rng::with_seed(1);
-        let seen: Vec<usize> = (0..15).map(|_| rng.usize(..runs.len())).collect();
-        let rows: Vec<_> = seen.iter().map(|&i| trend::terms(&enc, &runs[i].0)).collect();
-        let secs: Vec<f64> = seen.iter().map(|&i| 1.0 / runs[i].1).collect();
-        let fit = Trend::fit(&rows, &secs).unwrap();
-        let unseen: Vec<&(ParallelConfig, f64)> = runs
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !seen.contains(i))
-            .map(|x| x.1)
-            .collect();
-        let pred: Vec<f64> = unseen
-            .iter()
-            .map(|(p, _)| fit.ln_throughput(&trend::terms(&enc, p)).unwrap())
-            .collect();
-        let truth: Vec<f64> = unseen.iter().map(|x| x.1.ln()).collect();
-        let rho = spearman(&pred, &truth);
-        let mut err: Vec<f64> = pred.iter().zip(&truth).map(|(p, t)| (p - t).abs()).collect();
-        err.sort_by(|a, b| a.total_cmp(b));
-        let median_err = err[err.len() / 2];
+        let (mut rhos, mut errs) = (Vec::new(), Vec::new());
+        for seed in 1..=5 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let seen: Vec<usize> = (0..15).map(|_| rng.usize(..runs.len())).collect();
+            let rows: Vec<_> = seen.iter().map(|&i| trend::terms(&enc, &runs[i].0)).collect();
+            let secs: Vec<f64> = seen.iter().map(|&i| 1.0 / runs[i].1).collect();
+            let fit = Trend::fit(&rows, &secs).unwrap();
+            let unseen: Vec<&(ParallelConfig, f64)> = runs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !seen.contains(i))
+                .map(|x| x.1)
+                .collect();
+            let pred: Vec<f64> = unseen
+                .iter()
+                .map(|(p, _)| fit.ln_throughput(&trend::terms(&enc, p)).unwrap())
+                .collect();
+            let truth: Vec<f64> = unseen.iter().map(|x| x.1.ln()).collect();
+            rhos.push(spearman(&pred, &truth));
+            let mut err: Vec<f64> = pred.iter().zip(&truth).map(|(p, t)| (p - t).abs()).collect();
+            err.sort_by(|a, b| a.total_cmp(b));
+            errs.push(err[err.len() / 2]);
+        }
+        rhos.sort_by(|a, b| a.total_cmp(b));
+        errs.sort_by(|a, b| a.total_cmp(b));
+        let (rho, median_err) = (rhos[2], errs[2]);
         eprintln!(
-            "{model}: Spearman {rho:.3}, median |ln error| {median_err:.3} over {} layouts",
-            unseen.len()
+            "{model}: Spearman {rhos:.3?}, median |ln error| {errs:.3?} over {} layouts",
+            runs.len() - 15
         );
         assert!(rho > 0.9, "{model}: Spearman {rho:.3}");
         assert!(median_err < 0.1, "{model}: median |ln error| {median_err:.3}");
