@@ -427,7 +427,7 @@ fn published_runs_fit_the_cluster_they_ran_on() {
         "--out",
         out.to_str().unwrap(),
     ]));
-    assert!(text.contains("fitted 18 runs"), "{text}");
+    assert!(text.contains("fitted 21 runs"), "{text}");
     assert!(out.is_file());
     let o = exatrain(&[
         "calibrate",
