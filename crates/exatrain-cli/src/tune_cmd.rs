@@ -613,11 +613,12 @@ fn write_result(a: &TuneArgs, out: &serde_json::Value) -> Result<(), SpecError> 
 }
 
 fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_list: &[u32]) -> Result<(), SpecError> {
+    let s = space_spec(a, gpu_list[0])?;
     // priced with the kernel efficiency of the framework searched for
-    let framework = space_spec(a, gpu_list[0])?.framework;
-    let cluster = &framework.map_or_else(|| cluster.clone(), |f| cluster.for_framework(f));
+    let cluster = &s
+        .framework
+        .map_or_else(|| cluster.clone(), |f| cluster.for_framework(f));
     if gpu_list.len() > 1 {
-        let s = space_spec(a, gpu_list[0])?;
         let pb = progress_bar(gpu_list.len() as u64, "device counts");
         let (points, front) = exhaustive::pareto(model, cluster, &s, gpu_list, &|_| {});
         pb.finish_and_clear();
@@ -678,7 +679,6 @@ fn exhaustive_cmd(a: &TuneArgs, model: &ModelSpec, cluster: &ClusterSpec, gpu_li
         }
         return Ok(());
     }
-    let s = space_spec(a, gpu_list[0])?;
     if let Some(why) = space::why_empty(model, &s) {
         return Err(SpecError::new(why));
     }
