@@ -30,8 +30,8 @@ fn main() {
     for i in 0..8 {
         let t0 = Instant::now();
         m.zero_grad();
-        m.forward(&tokens, &targets, b, t);
-        m.backward(1.0);
+        m.forward(&tokens, &targets, b, t).unwrap();
+        m.backward(1.0).unwrap();
         clip_grad_norm(&mut m.grads, 1.0);
         opt.update(&mut m.params, &m.grads, 3e-4);
         if i >= 2 {

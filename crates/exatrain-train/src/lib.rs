@@ -8,6 +8,7 @@
 //! The model reads the planner's [`ModelSpec`](exatrain_spec::ModelSpec), so the planner's memory
 //! categories (weights, grads, optimizer, activations) can be compared with the bytes held here.
 
+pub mod backend;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
@@ -20,5 +21,6 @@ pub mod parallel;
 mod real;
 pub mod train;
 
-pub use model::{Gpt, GptShape};
+pub use backend::{Backend, Cpu};
+pub use model::{Gpt, GptShape, Model};
 pub use real::Real;

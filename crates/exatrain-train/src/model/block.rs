@@ -1,23 +1,24 @@
 //! One transformer block's forward and backward over a (B, T) microbatch: the kernel pairs in
-//! order, with the tensor-parallel f / g at the column- and row-parallel GEMMs.
+//! order, with the tensor-parallel f / g at the column- and row-parallel GEMMs, over any
+//! [`Backend`].
 
 use std::ops::Range;
 
 use exatrain_parallel::comm::CommError;
 
-use super::layout::{parts, BlockActs, BlockParams, Dims, GradLayout};
+use super::layout::{BlockActs, BlockParams, Dims, GradLayout};
 use super::tp::{seq_gather, seq_reduce, TpGroup};
-use crate::kernels::*;
-use crate::Real;
+use crate::backend::Backend;
 
 /// One block's forward over a (B, T) microbatch, reading `input` and writing the block's
 /// activations; a row-parallel layer's bias is added by tp rank 0 (`first`) only, before the
 /// reduction sums the partial products.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn block_forward<R: Real>(
-    p: &[R],
+pub(super) fn block_forward<B: Backend>(
+    be: &B,
+    p: &B::Buf,
     bp: &BlockParams,
-    a: &mut [R],
+    a: &mut B::Buf,
     ba: &BlockActs,
     input: &Range<usize>,
     d: &Dims,
@@ -25,10 +26,10 @@ pub(super) fn block_forward<R: Real>(
     t: usize,
     first: bool,
     sp: bool,
-    tp: &dyn TpGroup<R>,
+    tp: &dyn TpGroup<B::R>,
 ) -> Result<(), CommError> {
-    let [ln1, m1, r1, ln1f, qkv, att, atty, apf, attproj, res2, ln2, m2, r2, ln2f, fch, fchg, fpf, fcproj, res3, x] =
-        parts(
+    let [mut ln1, m1, r1, mut ln1f, mut qkv, att, mut atty, mut apf, mut attproj, mut res2, mut ln2, m2, r2, mut ln2f, mut fch, mut fchg, mut fpf, mut fcproj, res3, x] =
+        B::parts(
             a,
             [
                 &ba.ln1,
@@ -53,23 +54,41 @@ pub(super) fn block_forward<R: Real>(
                 input,
             ],
         );
-    let w = |r: &Range<usize>| &p[r.clone()];
-    let bias = |r: &Range<usize>| first.then(|| &p[r.clone()]);
+    let w = |r: &Range<usize>| B::view(p, r);
+    let bias = |r: &Range<usize>| first.then(|| B::view(p, r));
     let c = d.c;
-    layernorm_forward(ln1, m1, r1, x, w(&bp.ln1w), w(&bp.ln1b), c);
-    seq_gather(tp, sp, ln1, ln1f)?; // f
-    matmul_forward(qkv, ln1f, w(&bp.qkvw), Some(w(&bp.qkvb)), c, 3 * d.cl);
-    attention_forward(atty, att, qkv, b, t, d.cl, d.nh);
-    matmul_forward(apf, atty, w(&bp.projw), bias(&bp.projb), d.cl, c);
-    seq_reduce(tp, sp, apf, attproj)?; // g
-    residual_forward(res2, x, attproj);
-    layernorm_forward(ln2, m2, r2, res2, w(&bp.ln2w), w(&bp.ln2b), c);
-    seq_gather(tp, sp, ln2, ln2f)?; // f
-    matmul_forward(fch, ln2f, w(&bp.fcw), Some(w(&bp.fcb)), c, d.f);
-    gelu_forward(fchg, fch);
-    matmul_forward(fpf, fchg, w(&bp.fcprojw), bias(&bp.fcprojb), d.f, c);
-    seq_reduce(tp, sp, fpf, fcproj)?; // g
-    residual_forward(res3, res2, fcproj);
+    let x = B::read(&x);
+    be.layernorm_forward(B::reborrow(&mut ln1), m1, r1, x, w(&bp.ln1w), w(&bp.ln1b), c);
+    seq_gather(be, tp, sp, B::read(&ln1), B::reborrow(&mut ln1f))?; // f
+    be.matmul_forward(
+        B::reborrow(&mut qkv),
+        B::read(&ln1f),
+        w(&bp.qkvw),
+        Some(w(&bp.qkvb)),
+        c,
+        3 * d.cl,
+    );
+    be.attention_forward(B::reborrow(&mut atty), att, B::read(&qkv), b, t, d.cl, d.nh);
+    let (atty, projb) = (B::read(&atty), bias(&bp.projb));
+    be.matmul_forward(B::reborrow(&mut apf), atty, w(&bp.projw), projb, d.cl, c);
+    seq_reduce(be, tp, sp, apf, B::reborrow(&mut attproj))?; // g
+    be.residual_forward(B::reborrow(&mut res2), x, B::read(&attproj));
+    let res2 = B::read(&res2);
+    be.layernorm_forward(B::reborrow(&mut ln2), m2, r2, res2, w(&bp.ln2w), w(&bp.ln2b), c);
+    seq_gather(be, tp, sp, B::read(&ln2), B::reborrow(&mut ln2f))?; // f
+    be.matmul_forward(
+        B::reborrow(&mut fch),
+        B::read(&ln2f),
+        w(&bp.fcw),
+        Some(w(&bp.fcb)),
+        c,
+        d.f,
+    );
+    be.gelu_forward(B::reborrow(&mut fchg), B::read(&fch));
+    let (fchg, fcprojb) = (B::read(&fchg), bias(&bp.fcprojb));
+    be.matmul_forward(B::reborrow(&mut fpf), fchg, w(&bp.fcprojw), fcprojb, d.f, c);
+    seq_reduce(be, tp, sp, fpf, B::reborrow(&mut fcproj))?; // g
+    be.residual_forward(res3, res2, B::read(&fcproj));
     Ok(())
 }
 
@@ -79,35 +98,36 @@ pub(super) fn block_forward<R: Real>(
 /// `gl.dres[cur]`. The column-parallel GEMMs' inputs are gathered again under sequence
 /// parallelism (they are kept as this rank's rows only).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn block_backward<R: Real>(
-    p: &[R],
+pub(super) fn block_backward<B: Backend>(
+    be: &B,
+    p: &B::Buf,
     bp: &BlockParams,
-    g: &mut [R],
-    a: &mut [R],
+    g: &mut B::Buf,
+    a: &mut B::Buf,
     ba: &BlockActs,
     input: &Range<usize>,
-    dd: &mut [R],
+    dd: &mut B::Buf,
     gl: &GradLayout,
     cur: usize,
     d: &Dims,
     b: usize,
     t: usize,
     sp: bool,
-    tp: &dyn TpGroup<R>,
+    tp: &dyn TpGroup<B::R>,
 ) -> Result<(), CommError> {
     let c = d.c;
     {
         // the column-parallel GEMMs' inputs again (sequence parallel: gathered again)
-        let [ln1, ln1_full, ln2, ln2_full] = parts(a, [&ba.ln1, &ba.ln1_full, &ba.ln2, &ba.ln2_full]);
-        seq_gather(tp, sp, ln2, ln2_full)?;
-        seq_gather(tp, sp, ln1, ln1_full)?;
+        let [ln1, ln1_full, ln2, ln2_full] = B::parts(a, [&ba.ln1, &ba.ln1_full, &ba.ln2, &ba.ln2_full]);
+        seq_gather(be, tp, sp, B::read(&ln2), ln2_full)?;
+        seq_gather(be, tp, sp, B::read(&ln1), ln1_full)?;
     }
     let a = &*a;
     // this block's scratch and the input gradient start from zero (kernels accumulate)
-    dd[gl.block_scratch()].iter_mut().for_each(|x| *x = R::zero());
-    dd[gl.dres[1 - cur].clone()].iter_mut().for_each(|x| *x = R::zero());
-    let [dln1_full, dln1, dqkv, datty, dattproj_full, dattproj, dres2, dln2_full, dln2, dfch, dfchg, dfcproj_full, dfcproj, dres3, dx] =
-        parts(
+    be.zero(dd, &gl.block_scratch());
+    be.zero(dd, &gl.dres[1 - cur]);
+    let [mut dln1_full, mut dln1, mut dqkv, mut datty, mut dattproj_full, mut dattproj, mut dres2, mut dln2_full, mut dln2, mut dfch, mut dfchg, mut dfcproj_full, mut dfcproj, dres3, mut dx] =
+        B::parts(
             dd,
             [
                 &gl.dln1_full,
@@ -127,7 +147,7 @@ pub(super) fn block_backward<R: Real>(
                 &gl.dres[1 - cur],
             ],
         );
-    let [dln1w, dln1b, dqkvw, dqkvb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] = parts(
+    let [dln1w, dln1b, dqkvw, dqkvb, dprojw, dprojb, dln2w, dln2b, dfcw, dfcb, dfcprojw, dfcprojb] = B::parts(
         g,
         [
             &bp.ln1w,
@@ -144,34 +164,75 @@ pub(super) fn block_backward<R: Real>(
             &bp.fcprojb,
         ],
     );
-    let w = |r: &Range<usize>| &p[r.clone()];
-    let x = |r: &Range<usize>| &a[r.clone()];
-    residual_backward(dres2, dfcproj, dres3);
-    seq_gather(tp, sp, dfcproj, dfcproj_full)?; // g's backward
+    let w = |r: &Range<usize>| B::view(p, r);
+    let x = |r: &Range<usize>| B::view(a, r);
+    be.residual_backward(B::reborrow(&mut dres2), B::reborrow(&mut dfcproj), B::read(&dres3));
+    seq_gather(be, tp, sp, B::read(&dfcproj), B::reborrow(&mut dfcproj_full))?; // g's backward
     let (fchg, fcprojw) = (x(&ba.fch_gelu), w(&bp.fcprojw));
-    matmul_backward(dfchg, dfcprojw, Some(dfcprojb), dfcproj_full, fchg, fcprojw, d.f, c);
-    gelu_backward(dfch, x(&ba.fch), dfchg);
-    matmul_backward(dln2_full, dfcw, Some(dfcb), dfch, x(&ba.ln2_full), w(&bp.fcw), c, d.f);
-    seq_reduce(tp, sp, dln2_full, dln2)?; // f's backward
+    be.matmul_backward(
+        B::reborrow(&mut dfchg),
+        dfcprojw,
+        Some(dfcprojb),
+        B::read(&dfcproj_full),
+        fchg,
+        fcprojw,
+        d.f,
+        c,
+    );
+    be.gelu_backward(B::reborrow(&mut dfch), x(&ba.fch), B::read(&dfchg));
+    let (ln2_full, fcw) = (x(&ba.ln2_full), w(&bp.fcw));
+    be.matmul_backward(
+        B::reborrow(&mut dln2_full),
+        dfcw,
+        Some(dfcb),
+        B::read(&dfch),
+        ln2_full,
+        fcw,
+        c,
+        d.f,
+    );
+    seq_reduce(be, tp, sp, B::reborrow(&mut dln2_full), B::reborrow(&mut dln2))?; // f's backward
     let (m2, r2) = (x(&ba.ln2_mean), x(&ba.ln2_rstd));
-    layernorm_backward(dres2, dln2w, dln2b, dln2, x(&ba.res2), w(&bp.ln2w), m2, r2, c);
-    residual_backward(dx, dattproj, dres2);
-    seq_gather(tp, sp, dattproj, dattproj_full)?; // g's backward
+    let (res2, ln2w) = (x(&ba.res2), w(&bp.ln2w));
+    be.layernorm_backward(
+        B::reborrow(&mut dres2),
+        dln2w,
+        dln2b,
+        B::read(&dln2),
+        res2,
+        ln2w,
+        m2,
+        r2,
+        c,
+    );
+    be.residual_backward(B::reborrow(&mut dx), B::reborrow(&mut dattproj), B::read(&dres2));
+    seq_gather(be, tp, sp, B::read(&dattproj), B::reborrow(&mut dattproj_full))?; // g's backward
     let (atty, projw) = (x(&ba.atty), w(&bp.projw));
-    matmul_backward(datty, dprojw, Some(dprojb), dattproj_full, atty, projw, d.cl, c);
-    attention_backward(dqkv, datty, x(&ba.qkv), x(&ba.att), b, t, d.cl, d.nh);
-    matmul_backward(
-        dln1_full,
+    be.matmul_backward(
+        B::reborrow(&mut datty),
+        dprojw,
+        Some(dprojb),
+        B::read(&dattproj_full),
+        atty,
+        projw,
+        d.cl,
+        c,
+    );
+    let (qkv, att) = (x(&ba.qkv), x(&ba.att));
+    be.attention_backward(B::reborrow(&mut dqkv), B::read(&datty), qkv, att, b, t, d.cl, d.nh);
+    let (ln1_full, qkvw) = (x(&ba.ln1_full), w(&bp.qkvw));
+    be.matmul_backward(
+        B::reborrow(&mut dln1_full),
         dqkvw,
         Some(dqkvb),
-        dqkv,
-        x(&ba.ln1_full),
-        w(&bp.qkvw),
+        B::read(&dqkv),
+        ln1_full,
+        qkvw,
         c,
         3 * d.cl,
     );
-    seq_reduce(tp, sp, dln1_full, dln1)?; // f's backward
+    seq_reduce(be, tp, sp, dln1_full, B::reborrow(&mut dln1))?; // f's backward
     let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
-    layernorm_backward(dx, dln1w, dln1b, dln1, x(input), w(&bp.ln1w), m1, r1, c);
+    be.layernorm_backward(dx, dln1w, dln1b, B::read(&dln1), x(input), w(&bp.ln1w), m1, r1, c);
     Ok(())
 }

@@ -579,7 +579,7 @@ impl GradLayout {
 }
 
 /// Disjoint mutable views of one buffer (panics on overlap: a layout bug, not input).
-pub(super) fn parts<'a, R, const K: usize>(buf: &'a mut [R], ranges: [&Range<usize>; K]) -> [&'a mut [R]; K] {
+pub(crate) fn parts<'a, R, const K: usize>(buf: &'a mut [R], ranges: [&Range<usize>; K]) -> [&'a mut [R]; K] {
     let mut order: Vec<usize> = (0..K).collect();
     order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
     let mut out: Vec<Option<&'a mut [R]>> = (0..K).map(|_| None).collect();

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use exatrain_parallel::comm::CommError;
 
+use crate::backend::Backend;
 use crate::Real;
 
 /// The tensor-parallel group as the model sees it. Megatron's conjugate operators are the two
@@ -55,11 +56,17 @@ impl<R: Real> TpGroup<R> for Alone {
 
 /// Megatron's f before a column-parallel region, forward (and g's backward): under sequence
 /// parallelism all-gather the rows, else the rows are already whole (a copy).
-pub(super) fn seq_gather<R: Real>(tp: &dyn TpGroup<R>, sp: bool, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+pub(super) fn seq_gather<B: Backend>(
+    be: &B,
+    tp: &dyn TpGroup<B::R>,
+    sp: bool,
+    mine: B::Ref<'_>,
+    full: B::Mut<'_>,
+) -> Result<(), CommError> {
     if sp {
-        tp.all_gather(mine, full)
+        be.with_host(mine, |m| be.with_host_mut(full, |f| tp.all_gather(m, f)))
     } else {
-        full.copy_from_slice(mine);
+        be.copy(full, mine);
         Ok(())
     }
 }
@@ -67,44 +74,57 @@ pub(super) fn seq_gather<R: Real>(tp: &dyn TpGroup<R>, sp: bool, mine: &[R], ful
 /// Megatron's g after a row-parallel region, forward (and f's backward): sum the partial
 /// results over the group — reduce-scattered to this rank's rows under sequence parallelism,
 /// all-reduced otherwise.
-pub(super) fn seq_reduce<R: Real>(
-    tp: &dyn TpGroup<R>,
+pub(super) fn seq_reduce<B: Backend>(
+    be: &B,
+    tp: &dyn TpGroup<B::R>,
     sp: bool,
-    full: &mut [R],
-    mine: &mut [R],
+    mut full: B::Mut<'_>,
+    mine: B::Mut<'_>,
 ) -> Result<(), CommError> {
     if sp {
-        tp.reduce_scatter(full, mine)
+        be.with_host(B::read(&full), |f| be.with_host_mut(mine, |m| tp.reduce_scatter(f, m)))
     } else {
-        tp.all_reduce(full)?;
-        mine.copy_from_slice(full);
+        if tp.size() > 1 {
+            be.with_host_mut(B::reborrow(&mut full), |f| tp.all_reduce(f))?;
+        }
+        be.copy(mine, B::read(&full));
         Ok(())
     }
 }
 
 /// Sequence parallel: the norms' gradients (ranges of `g`) before a microbatch's backward
 /// reaches them; nothing without sequence parallelism.
-pub(super) fn norm_grads_before<R: Real>(g: &[R], sp: bool, ranges: &[Range<usize>]) -> Vec<(Range<usize>, Vec<R>)> {
+pub(super) fn norm_grads_before<B: Backend>(
+    be: &B,
+    g: &B::Buf,
+    sp: bool,
+    ranges: &[Range<usize>],
+) -> Vec<(Range<usize>, Vec<B::R>)> {
     ranges
         .iter()
         .filter(|r| sp && !r.is_empty())
-        .map(|r| (r.clone(), g[r.clone()].to_vec()))
+        .map(|r| (r.clone(), be.with_host(B::view(g, r), |x| x.to_vec())))
         .collect()
 }
 
 /// Sequence parallel: the norms saw only this rank's rows, so sum this microbatch's share of
 /// their gradients over the tp group (what was accumulated before stays as it is).
-pub(super) fn sum_norm_grads<R: Real>(
-    tp: &dyn TpGroup<R>,
-    g: &mut [R],
-    before: &[(Range<usize>, Vec<R>)],
+pub(super) fn sum_norm_grads<B: Backend>(
+    be: &B,
+    tp: &dyn TpGroup<B::R>,
+    g: &mut B::Buf,
+    before: &[(Range<usize>, Vec<B::R>)],
 ) -> Result<(), CommError> {
     for (r, was) in before {
-        let mut delta: Vec<R> = g[r.clone()].iter().zip(was).map(|(x, y)| *x - *y).collect();
-        tp.sum_stats(&mut delta)?;
-        for ((x, y), dl) in g[r.clone()].iter_mut().zip(was).zip(&delta) {
-            *x = *y + *dl;
-        }
+        let [gr] = B::parts(g, [r]);
+        be.with_host_mut(gr, |gr| {
+            let mut delta: Vec<B::R> = gr.iter().zip(was).map(|(x, y)| *x - *y).collect();
+            tp.sum_stats(&mut delta)?;
+            for ((x, y), dl) in gr.iter_mut().zip(was).zip(&delta) {
+                *x = *y + *dl;
+            }
+            Ok::<(), CommError>(())
+        })?;
     }
     Ok(())
 }

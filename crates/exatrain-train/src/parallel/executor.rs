@@ -276,7 +276,7 @@ pub(super) fn run(
                     let reduce = (zero == 2 || si == last_backward[ci]) && (dp > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
                     let mut next = regions.regions.len(); // buckets ≥ next are started
-                    let mut start = |g: &[f32], from: usize| -> Result<(), CommError> {
+                    let mut start = |g: &Vec<f32>, from: usize| -> Result<(), CommError> {
                         while reduce && next > 0 && regions.regions[next - 1].0.start >= from {
                             next -= 1;
                             pending.push((ci, next, start_bucket(regions, next, g, zero, &dpm)?));
