@@ -3,6 +3,7 @@
 # its Python; no Rust): first `bash scripts/prepare_device_check.sh` on the CPU machine, then run
 # this with .gpu/ carried. About 5 minutes; writes everything under $OUT and prints a summary.
 #   1. the GPU kernel tests (each CUDA kernel against its CPU kernel: fp32 1e-5, bf16 1e-2)
+#   1b. the model on the GPU (the CUDA backend) against the CPU: a whole step, fp32
 #   2. exatrain calibrate --device cuda: NVRTC for this device, cuBLASLt bf16 GEMMs over shapes
 #      (8192³ among them), beta = 1 into fp32, copy bandwidth -> a cluster spec (gpu.toml)
 #   3. the PyTorch GPT-2 124M baseline (eager, and torch.compile + SDPA flash)
@@ -26,6 +27,9 @@ rc=0
 echo "== 1. kernels against the CPU"
 timeout 180 .gpu/gpu_kernels --ignored --test-threads=1 --nocapture > "$OUT/kernels.txt" 2>&1 || rc=1
 grep -E "^test |max error|test result|panicked" "$OUT/kernels.txt"
+echo "== 1b. the model on the GPU against the CPU"
+timeout 120 .gpu/gpu_model --ignored --test-threads=1 --nocapture > "$OUT/model.txt" 2>&1 || rc=1
+grep -E "^test |max error|test result|panicked" "$OUT/model.txt"
 echo "== 2. exatrain calibrate --device cuda"
 timeout 240 .gpu/exatrain calibrate --device cuda --out "$OUT/gpu.toml" > "$OUT/calibrate.txt" 2>&1 || rc=1
 cat "$OUT/calibrate.txt"
@@ -39,6 +43,9 @@ out = pathlib.Path(sys.argv[1])
 k = (out / "kernels.txt").read_text(errors="replace")
 m = re.search(r"test result: (\w+)\. (\d+) passed; (\d+) failed", k)
 print(f"kernels vs CPU: {m.group(0) if m else 'did not finish'}")
+k = (out / "model.txt").read_text(errors="replace") if (out / "model.txt").exists() else ""
+m = re.search(r"test result: (\w+)\. (\d+) passed; (\d+) failed", k)
+print(f"model step on the GPU vs CPU: {m.group(0) if m else 'did not finish'}")
 c = (out / "calibrate.txt").read_text(errors="replace")
 g = re.search(r"^\s*8192\s+8192\s+8192\s+([\d.]+)", c, re.M)
 print(f"bf16 8192^3 GEMM through exatrain's cuBLASLt wrapper: {g.group(1) + ' TFLOP/s' if g else 'n/a'} (torch: ~790 on H100/H200)")

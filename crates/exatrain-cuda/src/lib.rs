@@ -18,6 +18,10 @@
 pub mod kernels;
 pub mod ptxas;
 
+/// The cudarc this crate is built against (so the trainer's CUDA backend uses the same one).
+#[cfg(feature = "cuda")]
+pub use cudarc;
+
 #[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]

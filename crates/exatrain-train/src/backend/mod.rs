@@ -18,12 +18,16 @@
 //! synchronisation points, in the step's one error type.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 
 use std::ops::Range;
 
 use exatrain_parallel::comm::CommError;
 
 pub use cpu::Cpu;
+#[cfg(feature = "cuda")]
+pub use cuda::Cuda;
 
 use crate::Real;
 
