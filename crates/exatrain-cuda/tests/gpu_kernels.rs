@@ -354,7 +354,7 @@ fn adamw_and_the_global_norm_match_the_cpu() {
     let m = g.stream.alloc_zeros::<f32>(n).unwrap();
     let v = g.stream.alloc_zeros::<f32>(n).unwrap();
     let cfg = exatrain_train::optim::AdamWConfig::default();
-    let mut opt = exatrain_train::optim::AdamW::<f64>::new(cfg, n, vec![0..n]);
+    let mut opt = exatrain_train::optim::AdamW::new(&exatrain_train::Cpu::<f64>::default(), cfg, n, vec![0..n]);
     let mut pc = ph.clone();
     for step in 1..=3u64 {
         ops.adamw_update(
@@ -372,7 +372,7 @@ fn adamw_and_the_global_norm_match_the_cpu() {
             step,
         )
         .unwrap();
-        opt.update(&mut pc, &gh, 1e-3);
+        opt.update(&exatrain_train::Cpu::default(), &mut pc, &gh, 1e-3);
     }
     close("adamw_update (3 steps)", Precision::Fp32, &read32(&g, &params), &pc);
     let out = g.stream.alloc_zeros::<f32>(1).unwrap();

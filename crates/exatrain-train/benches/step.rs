@@ -8,6 +8,7 @@ use std::time::Instant;
 use exatrain_spec::{presets, Dtype, ParallelConfig};
 use exatrain_train::model::{Gpt, GptShape};
 use exatrain_train::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use exatrain_train::Cpu;
 
 fn main() {
     let peak = exatrain_train::train::measure_peak() / 1e9;
@@ -22,7 +23,7 @@ fn main() {
         .flat_map(|bl| [bl.qkvw.clone(), bl.projw.clone(), bl.fcw.clone(), bl.fcprojw.clone()])
         .chain([m.layout.wte.clone()])
         .collect();
-    let mut opt = AdamW::<f32>::new(AdamWConfig::default(), m.params.len(), decay);
+    let mut opt = AdamW::new(&Cpu::<f32>::default(), AdamWConfig::default(), m.params.len(), decay);
     let mut rng = fastrand::Rng::with_seed(1);
     let tokens: Vec<u32> = (0..b * t).map(|_| rng.u32(0..8192)).collect();
     let targets: Vec<u32> = (0..b * t).map(|_| rng.u32(0..8192)).collect();
@@ -33,7 +34,7 @@ fn main() {
         m.forward(&tokens, &targets, b, t).unwrap();
         m.backward(1.0).unwrap();
         clip_grad_norm(&mut m.grads, 1.0);
-        opt.update(&mut m.params, &m.grads, 3e-4);
+        opt.update(&Cpu::default(), &mut m.params, &m.grads, 3e-4);
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }

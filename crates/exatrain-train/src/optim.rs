@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use crate::backend::{Backend, Cpu};
 use crate::Real;
 
 /// Optimizer hyperparameters.
@@ -28,42 +29,44 @@ impl Default for AdamWConfig {
     }
 }
 
-/// AdamW state over a flat parameter range.
-#[derive(Debug, Clone)]
-pub struct AdamW<R: Real> {
+/// AdamW state over a flat parameter range, on backend `B` (the moments live where the
+/// parameters do).
+pub struct AdamW<B: Backend = Cpu<f32>> {
     pub config: AdamWConfig,
     /// First moment, one per parameter.
-    pub m: Vec<R>,
+    pub m: B::Buf,
     /// Second moment, one per parameter.
-    pub v: Vec<R>,
+    pub v: B::Buf,
     /// Updates taken (for bias correction).
     pub step: u64,
     /// Ranges that get weight decay (the weight matrices; not biases, norms or positions).
     decay: Vec<Range<usize>>,
 }
 
-impl<R: Real> AdamW<R> {
-    pub fn new(config: AdamWConfig, n: usize, decay: Vec<Range<usize>>) -> Self {
+impl<B: Backend> AdamW<B> {
+    pub fn new(be: &B, config: AdamWConfig, n: usize, decay: Vec<Range<usize>>) -> Self {
         AdamW {
             config,
-            m: vec![R::zero(); n],
-            v: vec![R::zero(); n],
+            m: be.alloc(n),
+            v: be.alloc(n),
             step: 0,
             decay,
         }
     }
 
-    /// One update with learning rate `lr`.
-    pub fn update(&mut self, params: &mut [R], grads: &[R], lr: f64) {
-        self.step += 1;
-        let c = self.config;
-        let bc1 = 1.0 - c.beta1.powi(self.step as i32);
-        let bc2 = 1.0 - c.beta2.powi(self.step as i32);
-        let (b1, b2) = (R::of(c.beta1), R::of(c.beta2));
-        let (ob1, ob2) = (R::of(1.0 - c.beta1), R::of(1.0 - c.beta2));
-        let (lr_r, eps) = (R::of(lr), R::of(c.eps));
-        let (ibc1, ibc2) = (R::of(1.0 / bc1), R::of(1.0 / bc2));
-        let mut segments: Vec<(Range<usize>, f64)> = Vec::new();
+    /// The moments' length: the number of parameters this optimizer updates.
+    pub fn len(&self) -> usize {
+        B::len(&self.m)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `0..len` cut into runs with and without weight decay, in order.
+    fn segments(&self) -> Vec<(Range<usize>, f64)> {
+        let (n, wd) = (self.len(), self.config.weight_decay);
+        let mut segments = Vec::new();
         let mut at = 0;
         let mut decay = self.decay.clone();
         decay.sort_by_key(|r| r.start);
@@ -72,24 +75,55 @@ impl<R: Real> AdamW<R> {
                 segments.push((at..r.start, 0.0));
             }
             at = r.end;
-            segments.push((r, c.weight_decay));
+            segments.push((r, wd));
         }
-        if at < params.len() {
-            segments.push((at..params.len(), 0.0));
+        if at < n {
+            segments.push((at..n, 0.0));
         }
-        for (r, wd) in segments {
-            let wd = R::of(wd);
-            for i in r {
-                let g = grads[i];
-                let m = b1 * self.m[i] + ob1 * g;
-                let v = b2 * self.v[i] + ob2 * g * g;
-                self.m[i] = m;
-                self.v[i] = v;
-                let mhat = m * ibc1;
-                let vhat = v * ibc2;
-                params[i] = params[i] - lr_r * (mhat / (vhat.sqrt() + eps) + wd * params[i]);
-            }
+        segments
+    }
+
+    /// One update with learning rate `lr` of `params` (as long as the moments) from `grads`.
+    pub fn update(&mut self, be: &B, mut params: B::Mut<'_>, grads: B::Ref<'_>, lr: f64) {
+        self.step += 1;
+        for (r, wd) in self.segments() {
+            let p = B::sub_mut(&mut params, &r);
+            let [m] = B::parts(&mut self.m, [&r]);
+            let [v] = B::parts(&mut self.v, [&r]);
+            be.adamw(p, B::sub(grads, &r), m, v, &self.config, lr, wd, self.step);
         }
+    }
+}
+
+/// One AdamW update (decoupled decay `wd`, bias correction at `step` ≥ 1) of a run of
+/// parameters on the host: the CPU backend's `adamw`.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_update<R: Real>(
+    params: &mut [R],
+    grads: &[R],
+    m: &mut [R],
+    v: &mut [R],
+    c: &AdamWConfig,
+    lr: f64,
+    wd: f64,
+    step: u64,
+) {
+    let bc1 = 1.0 - c.beta1.powi(step as i32);
+    let bc2 = 1.0 - c.beta2.powi(step as i32);
+    let (b1, b2) = (R::of(c.beta1), R::of(c.beta2));
+    let (ob1, ob2) = (R::of(1.0 - c.beta1), R::of(1.0 - c.beta2));
+    let (lr_r, eps) = (R::of(lr), R::of(c.eps));
+    let (ibc1, ibc2) = (R::of(1.0 / bc1), R::of(1.0 / bc2));
+    let wd = R::of(wd);
+    for i in 0..params.len() {
+        let g = grads[i];
+        let mi = b1 * m[i] + ob1 * g;
+        let vi = b2 * v[i] + ob2 * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        let mhat = mi * ibc1;
+        let vhat = vi * ibc2;
+        params[i] = params[i] - lr_r * (mhat / (vhat.sqrt() + eps) + wd * params[i]);
     }
 }
 
@@ -107,14 +141,14 @@ pub fn lr_at(step: u64, max_lr: f64, min_lr: f64, warmup: u64, total: u64) -> f6
 
 /// Scale `grads` so their global L2 norm is at most `max_norm`; returns the norm before clipping.
 pub fn clip_grad_norm<R: Real>(grads: &mut [R], max_norm: f64) -> f64 {
-    let norm = grads
-        .iter()
-        .map(|g| g.to_f64().unwrap_or(0.0).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    clip_grad_norm_on(&Cpu::<R>::default(), grads, max_norm)
+}
+
+/// [`clip_grad_norm`] on backend `B`.
+pub fn clip_grad_norm_on<B: Backend>(be: &B, mut grads: B::Mut<'_>, max_norm: f64) -> f64 {
+    let norm = be.sum_squares(B::read(&grads)).sqrt();
     if norm > max_norm && norm.is_finite() {
-        let s = R::of(max_norm / norm);
-        grads.iter_mut().for_each(|g| *g = *g * s);
+        be.scale(B::reborrow(&mut grads), B::R::of(max_norm / norm));
     }
     norm
 }

@@ -8,11 +8,12 @@ use std::time::Instant;
 use exatrain_spec::{ModelSpec, SpecError};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{Backend, Cpu};
 use crate::checkpoint::{self, State};
 use crate::data::{self, Dataset};
 use crate::guard::Guard;
-use crate::model::{Gpt, GptShape};
-use crate::optim::{clip_grad_norm, lr_at, AdamW, AdamWConfig};
+use crate::model::{Gpt, GptShape, Model};
+use crate::optim::{clip_grad_norm_on, lr_at, AdamW, AdamWConfig};
 
 /// Everything a run is configured by (saved in each checkpoint).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -161,12 +162,12 @@ pub struct StepLog {
     pub checkpoint: Option<PathBuf>,
 }
 
-/// A training run in progress.
-pub struct Trainer {
+/// A training run in progress, on backend `B` (the CPU unless said otherwise).
+pub struct Trainer<B: Backend<R = f32> = Cpu<f32>> {
     pub spec: ModelSpec,
     pub cfg: TrainConfig,
-    pub model: Gpt<f32>,
-    pub opt: AdamW<f32>,
+    pub model: Model<B>,
+    pub opt: AdamW<B>,
     pub data: Dataset,
     tokenizer: tokenizers::Tokenizer,
     pub step: u64,
@@ -188,22 +189,44 @@ pub fn measure_peak() -> f64 {
 }
 
 impl Trainer {
-    /// Start a run of `spec` on `data_dir`, checkpointing into `out`.
+    /// Start a run of `spec` on `data_dir` on the CPU, checkpointing into `out`.
     pub fn new(spec: ModelSpec, cfg: TrainConfig, data_dir: &Path, out: &Path) -> Result<Trainer, SpecError> {
+        Trainer::on(Cpu::default(), measure_peak(), spec, cfg, data_dir, out)
+    }
+
+    /// Continue the run saved in `ckpt` on the CPU; see [`Trainer::resume_on`].
+    pub fn resume(ckpt: &Path, cfg: Option<TrainConfig>) -> Result<Trainer, SpecError> {
+        Trainer::resume_on(Cpu::default(), measure_peak(), ckpt, cfg)
+    }
+}
+
+impl<B: Backend<R = f32>> Trainer<B> {
+    /// Start a run of `spec` on `data_dir` on backend `be` (whose peak, in FLOP/s, the MFU is
+    /// reported against), checkpointing into `out`.
+    pub fn on(
+        be: B,
+        peak_flops: f64,
+        spec: ModelSpec,
+        cfg: TrainConfig,
+        data_dir: &Path,
+        out: &Path,
+    ) -> Result<Trainer<B>, SpecError> {
         cfg.check()?;
         let (shape, data, tokenizer) = open_data(&spec, data_dir)?;
         std::fs::create_dir_all(out)
             .map_err(|e| SpecError::new(format!("--out {}: cannot create: {e}", out.display())))?;
-        let model = Gpt::<f32>::new(shape, cfg.seed);
+        let model = Model::new_on(be, shape, cfg.seed);
         let opt = AdamW::new(
+            &model.be,
             AdamWConfig {
                 lr: cfg.lr,
                 weight_decay: cfg.weight_decay,
                 ..Default::default()
             },
-            model.params.len(),
+            model.layout.total,
             model.layout.decayed(),
         );
+        model.be.check().map_err(|e| SpecError::new(e.0))?;
         Ok(Trainer {
             spec,
             model,
@@ -212,7 +235,7 @@ impl Trainer {
             tokenizer,
             step: 0,
             sequences: 0,
-            peak_flops: measure_peak(),
+            peak_flops,
             out: out.to_path_buf(),
             tokens: Vec::new(),
             targets: Vec::new(),
@@ -224,8 +247,8 @@ impl Trainer {
     }
 
     /// Continue the run saved in `ckpt` (a checkpoint or its run folder) with its own config,
-    /// or `cfg` (the caller's deliberate changes to it).
-    pub fn resume(ckpt: &Path, cfg: Option<TrainConfig>) -> Result<Trainer, SpecError> {
+    /// or `cfg` (the caller's deliberate changes to it), on backend `be`.
+    pub fn resume_on(be: B, peak_flops: f64, ckpt: &Path, cfg: Option<TrainConfig>) -> Result<Trainer<B>, SpecError> {
         let dir = checkpoint::resolve(ckpt)?;
         let (state, params, opt) = checkpoint::load(&dir, true)?;
         let cfg = match cfg {
@@ -239,11 +262,12 @@ impl Trainer {
             )));
         }
         let out = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
-        let mut t = Trainer::new(state.model.clone(), cfg, &state.data_dir, &out)?;
-        t.model.params = params;
+        let mut t = Trainer::on(be, peak_flops, state.model.clone(), cfg, &state.data_dir, &out)?;
+        t.model.params = t.model.be.upload(params);
         let (m, v) = opt.expect("asked for the optimizer");
-        t.opt.m = m;
-        t.opt.v = v;
+        t.opt.m = t.model.be.upload(m);
+        t.opt.v = t.model.be.upload(v);
+        t.model.be.check().map_err(|e| SpecError::new(e.0))?;
         t.opt.step = state.opt_step;
         t.step = state.step;
         t.sequences = state.sequences;
@@ -255,16 +279,16 @@ impl Trainer {
 
     pub fn bytes(&self) -> Bytes {
         Bytes {
-            weights: self.model.params.len() * 4,
-            grads: self.model.grads.len() * 4,
-            optimizer: (self.opt.m.len() + self.opt.v.len()) * 4,
+            weights: self.model.layout.total * 4,
+            grads: self.model.layout.total * 4,
+            optimizer: 2 * self.opt.len() * 4,
             activations: self.model.activation_bytes(),
             workspace: self.model.workspace_bytes(),
         }
     }
 
     /// Mean validation loss over `eval_batches` fixed batches.
-    pub fn eval(&mut self) -> f64 {
+    pub fn eval(&mut self) -> Result<f64, SpecError> {
         val_loss(
             &mut self.model,
             &self.data,
@@ -306,14 +330,20 @@ impl Trainer {
                 .backward(1.0 / accum as f32)
                 .map_err(|e| SpecError::new(e.0))?;
         }
-        let grad_norm = clip_grad_norm(&mut self.model.grads, self.cfg.grad_clip);
+        let all = 0..self.model.layout.total;
+        let m = &mut self.model;
+        let [grads] = B::parts(&mut m.grads, [&all]);
+        let grad_norm = clip_grad_norm_on(&m.be, grads, self.cfg.grad_clip);
         if let Err(d) = self.guard.check(self.step + 1, loss, grad_norm) {
             // the parameters after step `self.step` gave this loss: take back their checkpoint
             let good = checkpoint::retract(&self.out, self.step)?;
             return Err(SpecError::new(d.message(good.as_deref())));
         }
         let lr = lr_at(self.step, self.cfg.lr, self.cfg.min_lr, self.cfg.warmup, self.cfg.steps);
-        self.opt.update(&mut self.model.params, &self.model.grads, lr);
+        let m = &mut self.model;
+        let [params] = B::parts(&mut m.params, [&all]);
+        self.opt.update(&m.be, params, B::view(&m.grads, &all), lr);
+        m.be.check().map_err(|e| SpecError::new(e.0))?;
         self.step += 1;
         let seconds = t0.elapsed().as_secs_f64();
         let flops = exatrain_cost::flops::model_step(&self.spec, self.cfg.global_batch as u32);
@@ -321,7 +351,7 @@ impl Trainer {
         let step = self.step;
         let every = |k: u64| k > 0 && step % k == 0;
         let evaluate = every(self.cfg.eval_every) || last;
-        let val_loss = if evaluate { Some(self.eval()) } else { None };
+        let val_loss = if evaluate { Some(self.eval()?) } else { None };
         let sample = if evaluate && self.cfg.sample_tokens > 0 {
             let p = self.cfg.sample_prompt.clone();
             Some(self.sample(&p, self.cfg.sample_tokens)?)
@@ -363,15 +393,16 @@ impl Trainer {
             run: self.run.clone(),
             min_loss: self.guard.min_loss,
         };
-        let dir = checkpoint::save(
-            &self.out,
-            &state,
-            &self.model.layout,
-            &self.model.params,
-            &self.opt.m,
-            &self.opt.v,
-            &self.data.dir.join("tokenizer.json"),
-        )?;
+        let (be, all) = (&self.model.be, 0..self.model.layout.total);
+        let tokenizer = self.data.dir.join("tokenizer.json");
+        // the host's own memory on the CPU; a copy from a device
+        let dir = be.with_host(B::view(&self.model.params, &all), |params| {
+            be.with_host(B::view(&self.opt.m, &all), |m| {
+                be.with_host(B::view(&self.opt.v, &all), |v| {
+                    checkpoint::save(&self.out, &state, &self.model.layout, params, m, v, &tokenizer)
+                })
+            })
+        })?;
         checkpoint::prune(&self.out, self.cfg.keep_last)?;
         self.last_checkpoint = Some(dir.clone());
         Ok(dir)
@@ -393,24 +424,21 @@ fn open_data(spec: &ModelSpec, data_dir: &Path) -> Result<(GptShape, Dataset, to
     Ok((shape, data, data::load_tokenizer(data_dir)?))
 }
 
-/// Why a whole model on the host cannot fail a forward: it does not communicate.
-const HOST: &str = "one host rank does not communicate";
-
 /// Mean validation loss of `model` over `cfg.eval_batches` fixed batches of micro-batch size.
-fn val_loss(
-    model: &mut Gpt<f32>,
+fn val_loss<B: Backend<R = f32>>(
+    model: &mut Model<B>,
     data: &Dataset,
     cfg: &TrainConfig,
     tokens: &mut Vec<u32>,
     targets: &mut Vec<u32>,
-) -> f64 {
+) -> Result<f64, SpecError> {
     let (b, t) = (cfg.micro_batch, model.shape.max_seq);
     let mut sum = 0.0;
     for k in 0..cfg.eval_batches.max(1) {
         data::val_batch(&data.val, k, b, t, tokens, targets);
-        sum += model.forward(tokens, targets, b, t).expect(HOST) as f64;
+        sum += model.forward(tokens, targets, b, t).map_err(|e| SpecError::new(e.0))? as f64;
     }
-    sum / cfg.eval_batches.max(1) as f64
+    Ok(sum / cfg.eval_batches.max(1) as f64)
 }
 
 /// The evaluation of a whole model held outside a [`Trainer`]: the multi-rank engine gathers
@@ -454,7 +482,7 @@ impl Evaluation {
             &self.cfg,
             &mut self.tokens,
             &mut self.targets,
-        );
+        )?;
         let text = if self.cfg.sample_tokens > 0 {
             let prompt = self.cfg.sample_prompt.clone();
             Some(sample(
@@ -472,8 +500,8 @@ impl Evaluation {
     }
 }
 
-pub fn sample(
-    model: &mut Gpt<f32>,
+pub fn sample<B: Backend<R = f32>>(
+    model: &mut Model<B>,
     tk: &tokenizers::Tokenizer,
     prompt: &str,
     n: usize,
@@ -495,8 +523,12 @@ pub fn sample(
         let ctx: Vec<u32> = ids[ids.len().saturating_sub(tmax)..].to_vec();
         let t = ctx.len();
         let dummy = vec![0u32; t];
-        model.forward(&ctx, &dummy, 1, t).expect(HOST);
-        let row = &model.logits()[(t - 1) * vp..(t - 1) * vp + v];
+        model.forward(&ctx, &dummy, 1, t).map_err(|e| SpecError::new(e.0))?;
+        let row = model
+            .be
+            .with_host(B::sub(model.logits(), &((t - 1) * vp..(t - 1) * vp + v)), |r| {
+                r.to_vec()
+            });
         let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let w: Vec<f64> = row
             .iter()

@@ -4,6 +4,7 @@
 use exatrain_train::kernels::*;
 use exatrain_train::model::{Gpt, GptShape};
 use exatrain_train::optim::{clip_grad_norm, lr_at, AdamW, AdamWConfig};
+use exatrain_train::Cpu;
 
 fn rand_vec(n: usize, seed: u64) -> Vec<f64> {
     let mut r = fastrand::Rng::with_seed(seed);
@@ -249,7 +250,8 @@ fn a_tiny_model_overfits_a_tiny_batch() {
         .iter()
         .flat_map(|b| [b.qkvw.clone(), b.projw.clone(), b.fcw.clone(), b.fcprojw.clone()])
         .collect();
-    let mut opt = AdamW::<f32>::new(
+    let mut opt = AdamW::new(
+        &Cpu::<f32>::default(),
         AdamWConfig {
             lr: 3e-3,
             weight_decay: 0.0,
@@ -268,7 +270,12 @@ fn a_tiny_model_overfits_a_tiny_batch() {
         last = m.forward(&tokens, &targets, 2, 16).unwrap();
         m.backward(1.0).unwrap();
         clip_grad_norm(&mut m.grads, 1.0);
-        opt.update(&mut m.params, &m.grads, lr_at(step, 3e-3, 3e-4, 10, 300));
+        opt.update(
+            &Cpu::default(),
+            &mut m.params,
+            &m.grads,
+            lr_at(step, 3e-3, 3e-4, 10, 300),
+        );
     }
     assert!(last < 0.05, "loss {first} -> {last}");
 }

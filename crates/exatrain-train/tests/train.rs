@@ -91,7 +91,7 @@ fn hf_export_gives_the_logits_transformers_computes() {
     let mut m = Gpt::<f32>::new(shape, 0);
     m.params = params;
     let tokens = hf::fixture_tokens();
-    m.forward(&tokens, &vec![0; 24], 2, 12);
+    m.forward(&tokens, &vec![0; 24], 2, 12).unwrap();
     let want: Vec<f64> = fixture["logits"]
         .as_array()
         .unwrap()
@@ -352,7 +352,7 @@ fn validation_loss_falls_below_the_unigram_entropy() {
         &dir.join("run"),
     )
     .unwrap();
-    let start = t.eval();
+    let start = t.eval().unwrap();
     let mut last = None;
     for _ in 0..150 {
         last = t.train_step().unwrap().val_loss.or(last);

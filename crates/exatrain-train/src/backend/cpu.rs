@@ -7,6 +7,7 @@ use std::ops::Range;
 use super::Backend;
 use crate::kernels as k;
 use crate::model::parts;
+use crate::optim::AdamWConfig;
 use crate::Real;
 
 /// The host as a device, in `R` (f32 to train, f64 to check gradients).
@@ -46,6 +47,16 @@ impl<R: Real> Backend for Cpu<R> {
         m
     }
 
+    fn sub<'a>(r: &'a [R], range: &Range<usize>) -> &'a [R]
+    where
+        Self: 'a,
+    {
+        &r[range.clone()]
+    }
+    fn sub_mut<'a>(m: &'a mut &mut [R], range: &Range<usize>) -> &'a mut [R] {
+        &mut m[range.clone()]
+    }
+
     fn zero(&self, buf: &mut Vec<R>, r: &Range<usize>) {
         buf[r.clone()].iter_mut().for_each(|x| *x = R::zero());
     }
@@ -57,6 +68,26 @@ impl<R: Real> Backend for Cpu<R> {
     }
     fn with_host_mut<T>(&self, m: &mut [R], f: impl FnOnce(&mut [R]) -> T) -> T {
         f(m)
+    }
+
+    fn sum_squares(&self, x: &[R]) -> f64 {
+        x.iter().map(|g| g.to_f64().unwrap_or(0.0).powi(2)).sum()
+    }
+    fn scale(&self, x: &mut [R], s: R) {
+        x.iter_mut().for_each(|g| *g = *g * s);
+    }
+    fn adamw(
+        &self,
+        params: &mut [R],
+        grads: &[R],
+        m: &mut [R],
+        v: &mut [R],
+        c: &AdamWConfig,
+        lr: f64,
+        wd: f64,
+        step: u64,
+    ) {
+        crate::optim::adamw_update(params, grads, m, v, c, lr, wd, step)
     }
 
     fn encoder_forward(

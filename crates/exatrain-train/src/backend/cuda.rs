@@ -30,6 +30,7 @@ use exatrain_cuda::GpuError;
 use exatrain_parallel::comm::CommError;
 
 use super::Backend;
+use crate::optim::AdamWConfig;
 
 const F: u64 = std::mem::size_of::<f32>() as u64;
 
@@ -65,6 +66,9 @@ struct Scratch {
     datt: Option<CudaSlice<f32>>,
     /// ones, for the bias products
     ones: Option<CudaSlice<f32>>,
+    /// the global norm's result and its per-block partial sums
+    norm: Option<CudaSlice<f32>>,
+    partial: Option<CudaSlice<f32>>,
     /// the token ids and targets of the call, as i32
     ids: Option<CudaSlice<i32>>,
 }
@@ -304,6 +308,26 @@ impl Backend for Cuda {
         }
     }
 
+    fn sub<'a>(r: DevRef<'a>, range: &Range<usize>) -> DevRef<'a>
+    where
+        Self: 'a,
+    {
+        assert!(range.start <= range.end && range.end <= r.len, "a view inside its view");
+        DevRef {
+            ptr: at(r.ptr, range.start),
+            len: range.len(),
+            _buf: PhantomData,
+        }
+    }
+    fn sub_mut<'a>(m: &'a mut DevMut<'_>, range: &Range<usize>) -> DevMut<'a> {
+        assert!(range.start <= range.end && range.end <= m.len, "a view inside its view");
+        DevMut {
+            ptr: at(m.ptr, range.start),
+            len: range.len(),
+            _buf: PhantomData,
+        }
+    }
+
     fn zero(&self, buf: &mut DevBuf, r: &Range<usize>) {
         let [m] = Self::parts(buf, [r]);
         if m.len == 0 {
@@ -369,6 +393,45 @@ impl Backend for Cuda {
             None => Ok(()),
             Some(e) => Err(CommError(format!("GPU {}: {e}", self.gpu.info.ordinal))),
         }
+    }
+
+    fn sum_squares(&self, x: DevRef<'_>) -> f64 {
+        let out = self.scratch(1, |s| &mut s.norm, 0.0);
+        let partial = self.scratch(ops::NORM_BLOCKS as usize, |s| &mut s.partial, 0.0);
+        self.run(|o| {
+            // SAFETY: `out` holds one f32.
+            unsafe { result::memset_d8_async(out, 0, F as usize, o.gpu.stream.cu_stream()) }
+                .map_err(|e| GpuError::new(format!("memset: {e}")))?;
+            o.norm_squared(out, x.ptr, partial, x.len)
+        });
+        let one = DevRef {
+            ptr: out,
+            len: 1,
+            _buf: PhantomData,
+        };
+        self.with_host(one, |v| v[0] as f64)
+    }
+    fn scale(&self, x: DevMut<'_>, s: f32) {
+        self.run(|o| o.scale_f32(x.ptr, s, x.len));
+    }
+    fn adamw(
+        &self,
+        params: DevMut<'_>,
+        grads: DevRef<'_>,
+        m: DevMut<'_>,
+        v: DevMut<'_>,
+        c: &AdamWConfig,
+        lr: f64,
+        wd: f64,
+        step: u64,
+    ) {
+        let (b1, b2, eps) = (c.beta1 as f32, c.beta2 as f32, c.eps as f32);
+        let n = params.len;
+        self.run(|o| {
+            o.adamw_update(
+                params.ptr, None, grads.ptr, m.ptr, v.ptr, n, lr as f32, b1, b2, eps, wd as f32, step,
+            )
+        });
     }
 
     fn encoder_forward(

@@ -29,6 +29,7 @@ pub use cpu::Cpu;
 #[cfg(feature = "cuda")]
 pub use cuda::Cuda;
 
+use crate::optim::AdamWConfig;
 use crate::Real;
 
 /// One device's buffers and kernels. See the module documentation.
@@ -64,6 +65,12 @@ pub trait Backend {
     fn read<'a>(m: &'a Self::Mut<'_>) -> Self::Ref<'a>;
     /// A write view lent again for a shorter while.
     fn reborrow<'a>(m: &'a mut Self::Mut<'_>) -> Self::Mut<'a>;
+    /// `r[range]` (range relative to the view).
+    fn sub<'a>(r: Self::Ref<'a>, range: &Range<usize>) -> Self::Ref<'a>
+    where
+        Self: 'a;
+    /// `m[range]` lent for a shorter while (range relative to the view).
+    fn sub_mut<'a>(m: &'a mut Self::Mut<'_>, range: &Range<usize>) -> Self::Mut<'a>;
 
     /// `buf[r] = 0`.
     fn zero(&self, buf: &mut Self::Buf, r: &Range<usize>);
@@ -77,6 +84,24 @@ pub trait Backend {
     fn check(&self) -> Result<(), CommError> {
         Ok(())
     }
+
+    /// Σ x² over the view, on the host in f64 (a fixed-order reduction).
+    fn sum_squares(&self, x: Self::Ref<'_>) -> f64;
+    /// `x *= s`.
+    fn scale(&self, x: Self::Mut<'_>, s: Self::R);
+    /// One AdamW update of a run of parameters (decoupled decay `wd`, bias correction at
+    /// `step` ≥ 1), as [`crate::optim::adamw_update`] computes it.
+    fn adamw(
+        &self,
+        params: Self::Mut<'_>,
+        grads: Self::Ref<'_>,
+        m: Self::Mut<'_>,
+        v: Self::Mut<'_>,
+        c: &AdamWConfig,
+        lr: f64,
+        wd: f64,
+        step: u64,
+    );
 
     fn encoder_forward(
         &self,

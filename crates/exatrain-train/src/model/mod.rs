@@ -92,8 +92,7 @@ fn init_params<R: Real>(shape: &GptShape, seed: u64) -> (ParamLayout, Vec<R>) {
 impl<R: Real> Gpt<R> {
     /// The whole model on the host, initialised as [`init_params`] does.
     pub fn new(shape: GptShape, seed: u64) -> Self {
-        let (layout, params) = init_params(&shape, seed);
-        Model::with_params(Cpu::default(), shape, layout, params)
+        Model::new_on(Cpu::default(), shape, seed)
     }
 
     /// One part of the model on the host, initialised exactly as [`Gpt::new`] initialises the
@@ -104,6 +103,12 @@ impl<R: Real> Gpt<R> {
 }
 
 impl<B: Backend> Model<B> {
+    /// The whole model on backend `be`, initialised as [`Gpt::new`] initialises it.
+    pub fn new_on(be: B, shape: GptShape, seed: u64) -> Self {
+        let (layout, params) = init_params(&shape, seed);
+        Model::with_params(be, shape, layout, params)
+    }
+
     /// One part of the model on backend `be`, initialised exactly as the whole model is (so
     /// every layout and every backend starts from the same weights).
     pub fn init(be: B, shape: GptShape, part: &Part, seed: u64) -> Self {

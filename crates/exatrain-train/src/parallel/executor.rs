@@ -12,6 +12,7 @@ use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered, Started};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{ModelSpec, ParallelConfig, SpecError};
 
+use crate::backend::Cpu;
 use crate::data::{self, Dataset};
 use crate::guard::Guard;
 use crate::model::{Gpt, GptShape, Part};
@@ -117,7 +118,7 @@ pub(super) fn run(
             let opts = pieces
                 .into_iter()
                 .map(|p| {
-                    let o = AdamW::new(adam, p.len(), decay_within(&decayed, &p));
+                    let o = AdamW::new(&Cpu::default(), adam, p.len(), decay_within(&decayed, &p));
                     (p, o)
                 })
                 .collect();
@@ -388,12 +389,17 @@ pub(super) fn run(
             if zero == 0 {
                 ch.model.grads.iter_mut().for_each(|x| *x *= clip);
                 let (p, o) = &mut ch.opts[0];
-                o.update(&mut ch.model.params[p.clone()], &ch.model.grads[p.clone()], lr);
+                o.update(
+                    &Cpu::default(),
+                    &mut ch.model.params[p.clone()],
+                    &ch.model.grads[p.clone()],
+                    lr,
+                );
             } else {
                 for (k, (p, o)) in ch.opts.iter_mut().enumerate() {
                     let gk = &mut ch.shard_grads[k][..p.len()];
                     gk.iter_mut().for_each(|x| *x *= clip);
-                    o.update(&mut ch.model.params[p.clone()], gk, lr);
+                    o.update(&Cpu::default(), &mut ch.model.params[p.clone()], gk, lr);
                 }
             }
         }

@@ -78,7 +78,7 @@ pub(super) struct Chunk {
     /// ZeRO ≥ 1: this rank's reduced gradient shard of each region (padded)
     pub(super) shard_grads: Vec<Vec<f32>>,
     /// one AdamW per optimized piece: the whole buffer (ZeRO-0) or each region's piece
-    pub(super) opts: Vec<(Range<usize>, AdamW<f32>)>,
+    pub(super) opts: Vec<(Range<usize>, AdamW)>,
     /// which gradient elements this rank counts in the global norm
     pub(super) counted: Vec<bool>,
     /// the embedding is tied to another rank's chunk (first and last stage differ)
