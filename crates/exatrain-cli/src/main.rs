@@ -13,6 +13,7 @@ mod sample_cmd;
 mod study_cmd;
 mod table;
 mod train_cmd;
+mod train_gpu;
 mod tune_cmd;
 mod validate;
 mod validate_sources;

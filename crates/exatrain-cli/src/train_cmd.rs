@@ -12,8 +12,10 @@ use exatrain_train::checkpoint;
 use exatrain_train::data;
 use exatrain_train::parallel::{self, Options, RankReport, RankResult, Schedule, Start};
 use exatrain_train::train::{TrainConfig, Trainer};
+use exatrain_train::Backend;
 use serde::{Deserialize, Serialize};
 
+use crate::calibrate_cmd::Device;
 use crate::run_folder::{self, Progress};
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
@@ -23,6 +25,13 @@ pub struct TrainArgs {
     /// Model preset or file (GPT-2 architecture).
     #[arg(long, default_value = "gpt-mini")]
     pub model: String,
+    /// Where to train: this machine's CPU, or one NVIDIA GPU (the all-fp32 mode, one rank;
+    /// needs a build with `--features exatrain-cli/cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    /// With --device cuda: which GPU (CUDA ordinal).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
     /// A text file to tokenize, or a folder made from one [default: the bundled public-domain corpus].
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -265,22 +274,22 @@ fn config(a: &TrainArgs) -> TrainConfig {
 }
 
 /// Where a resumed run starts.
-struct Resumed {
-    ckpt: PathBuf,
+pub(crate) struct Resumed {
+    pub(crate) ckpt: PathBuf,
     state: checkpoint::State,
     start: Start,
 }
 
 /// A run resolved from the flags (and its checkpoint when resumed), before any side effect.
-struct Run {
-    spec: ModelSpec,
-    cfg: TrainConfig,
+pub(crate) struct Run {
+    pub(crate) spec: ModelSpec,
+    pub(crate) cfg: TrainConfig,
     layout: RunLayout,
-    pc: ParallelConfig,
+    pub(crate) pc: ParallelConfig,
     /// the tokenized data folder (prepared later for a new run from a text file)
-    data: PathBuf,
-    out: PathBuf,
-    resumed: Option<Resumed>,
+    pub(crate) data: PathBuf,
+    pub(crate) out: PathBuf,
+    pub(crate) resumed: Option<Resumed>,
 }
 
 /// Apply each flag given on purpose to a resumed run's setting, noting what changed.
@@ -509,7 +518,7 @@ pub fn prepare_data(data: Option<&Path>, out: &Path, vocab: u32) -> Result<PathB
 }
 
 /// The side effects of starting: a new run claims its folder and tokenizes its data.
-fn start(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+pub(crate) fn start(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
     if run.resumed.is_none() {
         run_folder::claim(&run.out, a.overwrite)?;
         prepare_data(a.data.as_deref(), &run.out, run.spec.vocab)?;
@@ -812,20 +821,43 @@ fn run_mpi(_a: &TrainArgs, _given: &Given) -> Result<(), SpecError> {
 }
 
 pub fn run_train(a: TrainArgs, given: Given) -> Result<(), SpecError> {
+    match a.device {
+        Device::Cpu if a.gpu != 0 => return Err(SpecError::new("--gpu goes with --device cuda")),
+        Device::Cuda if a.mpi => {
+            return Err(SpecError::new(
+                "--device cuda trains one rank on one GPU: --mpi goes with --device cpu for now",
+            ))
+        }
+        _ => {}
+    }
     if a.mpi {
         return run_mpi(&a, &given);
     }
     let run = resolve(&a, &given, None)?;
+    if a.device == Device::Cuda {
+        if !run.layout.is_single() || a.report.is_some() || a.no_ckpt {
+            return Err(SpecError::new(
+                "--device cuda trains one rank on one GPU: the multi-rank engine (--tp, --pp, --dp, --report, --no-ckpt) runs on the CPU for now",
+            ));
+        }
+        return crate::train_gpu::run(&a, &run);
+    }
     // a report (or a run without checkpoints) comes from the parallel engine, even on one rank
     if !run.layout.is_single() || a.report.is_some() || a.no_ckpt {
         return run_in_process(&a, &run);
     }
     run_folder::check_memory(&run.spec, &run.pc, 1)?;
     start(&a, &run)?;
-    let mut trainer = match &run.resumed {
+    let trainer = match &run.resumed {
         Some(r) => Trainer::resume(&r.ckpt, Some(run.cfg.clone()))?,
         None => Trainer::new(run.spec.clone(), run.cfg.clone(), &run.data, &run.out)?,
     };
+    drive(&a, &run, trainer)
+}
+
+/// The one-process training loop on any backend: steps, progress, evaluations, samples,
+/// checkpoints.
+pub(crate) fn drive<B: Backend<R = f32>>(a: &TrainArgs, run: &Run, mut trainer: Trainer<B>) -> Result<(), SpecError> {
     trainer.run = serde_json::to_value(&run.layout).expect("json");
     let meta = trainer.data.meta.clone();
     if !a.json {
@@ -834,7 +866,7 @@ pub fn run_train(a: TrainArgs, given: Given) -> Result<(), SpecError> {
         eprintln!(
             "{}: {:.2} M params, {} train / {} val tokens (unigram entropy {:.2} nats), step {} → {}; memory MiB: weights {:.1}, grads {:.1}, optimizer {:.1}, activations {:.1} (+ backward workspace, allocated at the first step)",
             trainer.spec.name,
-            trainer.model.params.len() as f64 / 1e6,
+            trainer.model.layout.total as f64 / 1e6,
             meta.train_tokens,
             meta.val_tokens,
             meta.unigram_entropy,

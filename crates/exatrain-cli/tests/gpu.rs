@@ -1,5 +1,5 @@
-//! The GPU path on a machine without one: `calibrate --device cuda` ends with one clear line and
-//! exit 2 — "built without CUDA" without the `cuda` feature; with it, "no CUDA driver" when
+//! The GPU path on a machine without one: `calibrate --device cuda` and `train --device cuda`
+//! end with one clear line and exit 2 (and `train` writes nothing) — "built without CUDA" without the `cuda` feature; with it, "no CUDA driver" when
 //! there is no libcuda, and "no CUDA device" when the driver is there but sees no GPU (a
 //! stand-in libcuda built from tests/fixtures/no_gpu_libcuda.c). On the GPU machine,
 //! scripts/device_check.sh runs the same command for real.
@@ -7,13 +7,63 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn calibrate_cuda(lib_dir: Option<&Path>) -> Output {
+fn exatrain(args: &[&str], lib_dir: Option<&Path>) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_exatrain"));
-    c.args(["calibrate", "--device", "cuda", "--quick"]);
+    c.args(args);
     if let Some(d) = lib_dir {
         c.env("LD_LIBRARY_PATH", d);
     }
     c.output().expect("runs")
+}
+
+fn calibrate_cuda(lib_dir: Option<&Path>) -> Output {
+    exatrain(&["calibrate", "--device", "cuda", "--quick"], lib_dir)
+}
+
+/// `train --device cuda` into a fresh folder: its error, and the folder must not exist after.
+fn train_cuda(lib_dir: Option<&Path>) -> String {
+    let out = std::env::temp_dir().join(format!("exatrain-gpu-train-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let o = exatrain(
+        &[
+            "train",
+            "--device",
+            "cuda",
+            "--steps",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        lib_dir,
+    );
+    let err = one_line_exit_2(&o);
+    assert!(!out.exists(), "nothing is written before the GPU is open: {err}");
+    err
+}
+
+fn has_driver() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/usr/lib/wsl/lib/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
+}
+
+/// A stand-in libcuda that loads but sees no device, in a fresh folder.
+fn no_gpu_driver(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("exatrain-no-gpu-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/no_gpu_libcuda.c");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so.1"))
+        .arg(&src)
+        .status()
+        .expect("cc (the linker Rust uses) builds the stand-in driver");
+    assert!(built.success());
+    dir
 }
 
 fn one_line_exit_2(o: &Output) -> String {
@@ -35,33 +85,37 @@ fn calibrate_on_cuda_without_a_gpu_is_one_clear_line() {
         return;
     }
     // this machine has no NVIDIA driver (CI's does not)
-    let has_driver = [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "/usr/lib64/libcuda.so.1",
-        "/usr/lib/wsl/lib/libcuda.so.1",
-    ]
-    .iter()
-    .any(|p| Path::new(p).exists());
-    if !has_driver {
+    if !has_driver() {
         let err = one_line_exit_2(&calibrate_cuda(None));
         assert!(err.contains("no CUDA driver") && err.contains("--device cpu"), "{err}");
     }
     // a driver library that sees no device
-    let dir = std::env::temp_dir().join(format!("exatrain-no-gpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/no_gpu_libcuda.c");
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(dir.join("libcuda.so.1"))
-        .arg(&src)
-        .status()
-        .expect("cc (the linker Rust uses) builds the stand-in driver");
-    assert!(built.success());
+    let dir = no_gpu_driver("calibrate");
     let err = one_line_exit_2(&calibrate_cuda(Some(&dir)));
     assert!(
         err.contains("no CUDA device") && err.contains("no CUDA-capable device"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn train_on_cuda_without_a_gpu_is_one_clear_line_and_writes_nothing() {
+    if !cfg!(feature = "cuda") {
+        let err = train_cuda(None);
+        assert!(
+            err.contains("--device cuda") && err.contains("built without CUDA"),
+            "{err}"
+        );
+        return;
+    }
+    if !has_driver() {
+        let err = train_cuda(None);
+        assert!(err.contains("no CUDA driver") && err.contains("--device cpu"), "{err}");
+    }
+    let dir = no_gpu_driver("train");
+    let err = train_cuda(Some(&dir));
+    assert!(err.contains("no CUDA device"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -80,4 +134,12 @@ fn bad_device_flags_are_named() {
     assert!(e.contains("--device cuda"), "{e}");
     let e = run(&["calibrate", "--device", "cuda", "--mpi"]);
     assert!(e.contains("--device cpu"), "{e}");
+    let e = run(&["train", "--device", "tpu"]);
+    assert!(e.contains("--device") && e.contains("cpu, cuda"), "{e}");
+    let e = run(&["train", "--gpu", "1"]);
+    assert!(e.contains("--gpu") && e.contains("--device cuda"), "{e}");
+    let e = run(&["train", "--device", "cuda", "--mpi"]);
+    assert!(e.contains("--device cpu"), "{e}");
+    let e = run(&["train", "--device", "cuda", "--no-ckpt"]);
+    assert!(e.contains("one GPU") && e.contains("--no-ckpt"), "{e}");
 }

@@ -1,0 +1,57 @@
+//! `exatrain train --device cuda`: the one-process trainer on one NVIDIA GPU through the CUDA
+//! backend (all-fp32 mode), after refusing, before anything is allocated, a run the GPU's free
+//! memory cannot hold. Without the `cuda` feature, or without a driver or a device, one clear
+//! error and exit 2.
+
+use exatrain_spec::SpecError;
+
+use crate::train_cmd::{Run, TrainArgs};
+
+#[cfg(not(feature = "cuda"))]
+pub fn run(_a: &TrainArgs, _run: &Run) -> Result<(), SpecError> {
+    Err(SpecError::new(format!("--device cuda: {}", exatrain_cuda::not_built())))
+}
+
+#[cfg(feature = "cuda")]
+pub fn run(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+    use exatrain_cuda::kernels::Precision;
+    use exatrain_train::backend::Cuda;
+    use exatrain_train::train::Trainer;
+
+    use crate::run_folder;
+    use crate::train_cmd;
+
+    let gpu_err = |e: exatrain_cuda::GpuError| SpecError::new(format!("--device cuda: {e}"));
+    let be = Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?;
+    // the planner's bytes of this layout in fp32 (what the trainer holds), checked before the
+    // first allocation
+    let need = run_folder::rank_bytes(&run.spec, &run.pc)?;
+    be.gpu()
+        .check_fits(
+            need as u64,
+            "the run (weights, gradients, AdamW moments, activations and logits, all fp32)",
+        )
+        .map_err(gpu_err)?;
+    let info = &be.gpu().info;
+    // MFU against the device's dense fp32 peak: the mode runs fp32 GEMMs (no TF32)
+    let peak = crate::calibrate_gpu::known_device(&info.name).map_or(f64::NAN, |k| k.1 * 1e12);
+    if !a.json {
+        eprintln!(
+            "GPU {}: {} ({:.1} GiB free), all-fp32 mode{}",
+            info.ordinal,
+            info.name,
+            info.free_bytes as f64 / (1u64 << 30) as f64,
+            if peak.is_nan() {
+                "; its fp32 peak is not known here, so MFU is not reported".to_string()
+            } else {
+                format!(", MFU against its {:.1} TFLOP/s fp32 peak", peak / 1e12)
+            }
+        );
+    }
+    train_cmd::start(a, run)?;
+    let trainer = match &run.resumed {
+        Some(r) => Trainer::resume_on(be, peak, &r.ckpt, Some(run.cfg.clone()))?,
+        None => Trainer::on(be, peak, run.spec.clone(), run.cfg.clone(), &run.data, &run.out)?,
+    };
+    train_cmd::drive(a, run, trainer)
+}
