@@ -7,6 +7,8 @@
 #   2. exatrain calibrate --device cuda: NVRTC for this device, cuBLASLt bf16 GEMMs over shapes
 #      (8192³ among them), beta = 1 into fp32, copy bandwidth -> a cluster spec (gpu.toml)
 #   3. the PyTorch GPT-2 124M baseline (eager, and torch.compile + SDPA flash)
+#   4. exatrain train --device cuda on GPT-2 124M (the all-fp32 mode), with nvidia-smi sampling
+#      the device memory used, against what the planner counts
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/exatrain-device-check}
@@ -36,6 +38,14 @@ cat "$OUT/calibrate.txt"
 echo "== 3. PyTorch GPT-2 124M baseline"
 timeout 300 python3 scripts/torch_gpt2_baseline.py --micro-batch 16 > "$OUT/torch.txt" 2>"$OUT/torch.err" || rc=1
 tail -3 "$OUT/torch.err"
+echo "== 4. exatrain train --device cuda, GPT-2 124M"
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/memory.txt" 2>/dev/null &
+smi=$!
+rm -rf /tmp/exatrain-gpt2-run
+timeout 150 .gpu/exatrain train --device cuda --model gpt2-124m --micro-batch 8 --global-batch 8 --steps 12 \
+  --eval-every 0 --json --out /tmp/exatrain-gpt2-run > "$OUT/train.jsonl" 2> "$OUT/train.err" || rc=1
+kill $smi 2>/dev/null
+tail -3 "$OUT/train.err"
 echo "== summary"
 python3 - "$OUT" <<'PY'
 import json, re, sys, pathlib
@@ -51,7 +61,25 @@ g = re.search(r"^\s*8192\s+8192\s+8192\s+([\d.]+)", c, re.M)
 print(f"bf16 8192^3 GEMM through exatrain's cuBLASLt wrapper: {g.group(1) + ' TFLOP/s' if g else 'n/a'} (torch: ~790 on H100/H200)")
 print("| framework | mode | micro-batch | tokens/s | MFU % | peak GiB |")
 print("|---|---|---|---|---|---|")
-print("| exatrain | bf16 (the CUDA training backend is not built yet) | - | - | - | - |")
+steps = []
+tj = out / "train.jsonl"
+if tj.exists():
+    for line in tj.read_text().splitlines():
+        try:
+            steps.append(json.loads(line))
+        except ValueError:
+            pass
+mem = [float(x) for x in (out / "memory.txt").read_text().split()] if (out / "memory.txt").exists() else []
+peak_gib = max(mem) / 1024 if mem else float("nan")
+late = sorted(s["tokens_per_s"] for s in steps[2:]) or sorted(s["tokens_per_s"] for s in steps)
+if late:
+    tps = late[len(late) // 2]
+    tf = sorted(s["model_tflops"] for s in steps[2:] or steps)[len(late) // 2]
+    print(f"| exatrain | fp32 (CUDA backend) | 8 | {tps:.0f} | {100 * tf / 989.4:.1f} | {peak_gib:.1f} |")
+else:
+    print("| exatrain | fp32 (CUDA backend) | 8 | did not run (see train.err) | - | - |")
+planned = re.search(r"the planner counts ([\d.]+) GiB", (out / "train.err").read_text(errors="replace")) if (out / "train.err").exists() else None
+print(f"exatrain peak device memory {peak_gib:.2f} GiB (nvidia-smi, whole process) vs the planner's {planned.group(1) if planned else 'n/a'} GiB")
 for line in (out / "torch.txt").read_text().splitlines():
     r = json.loads(line)
     print(f"| {r['framework']} | {r['mode']} | {r['micro_batch']} | {r['tokens_per_s']:.0f} | {100*r['mfu']:.1f} | {r['peak_memory_gib']:.1f} |")

@@ -37,10 +37,11 @@ pub fn run(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
     let peak = crate::calibrate_gpu::known_device(&info.name).map_or(f64::NAN, |k| k.1 * 1e12);
     if !a.json {
         eprintln!(
-            "GPU {}: {} ({:.1} GiB free), all-fp32 mode{}",
+            "GPU {}: {} ({:.1} GiB free; the planner counts {:.2} GiB for this run), all-fp32 mode{}",
             info.ordinal,
             info.name,
             info.free_bytes as f64 / (1u64 << 30) as f64,
+            need / (1u64 << 30) as f64,
             if peak.is_nan() {
                 "; its fp32 peak is not known here, so MFU is not reported".to_string()
             } else {
