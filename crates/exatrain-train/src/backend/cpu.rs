@@ -19,6 +19,12 @@ impl<R> Default for Cpu<R> {
     }
 }
 
+impl<R> Clone for Cpu<R> {
+    fn clone(&self) -> Self {
+        Cpu(PhantomData)
+    }
+}
+
 impl<R: Real> Backend for Cpu<R> {
     type R = R;
     type Buf = Vec<R>;

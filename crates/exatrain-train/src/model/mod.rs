@@ -205,7 +205,7 @@ impl<B: Backend> Model<B> {
     /// Backward of the last [`Model::forward`], accumulating `scale ×` the gradient of its mean
     /// loss into `grads` (scale = 1 / microbatches for gradient accumulation).
     pub fn backward(&mut self, scale: B::R) -> Result<(), CommError> {
-        self.backward_part(0, &Alone, None, scale, &mut |_, _| Ok(()))
+        self.backward_part(0, &Alone, None, scale, &mut |_, _, _| Ok(()))
     }
 
     /// Forward one microbatch through this part into `slot`: from the tokens if the part holds
@@ -318,7 +318,7 @@ impl<B: Backend> Model<B> {
     /// Backward of the forward in `slot`, accumulating `scale ×` the gradient of its mean loss
     /// into `grads`: from the loss if the part holds the head, else from `dout` [R, C], the
     /// gradient at its output. Afterwards [`Model::input_grad`] holds the gradient at its input.
-    /// `ready(grads, from)` is called as soon as this microbatch's gradients of every parameter
+    /// `ready(backend, grads, from)` is called as soon as this microbatch's gradients of every parameter
     /// at index ≥ `from` are complete (after the head, after each block, `from = 0` last), so
     /// that their data-parallel reduction can start while backward goes on.
     pub fn backward_part(
@@ -327,7 +327,7 @@ impl<B: Backend> Model<B> {
         tp: &dyn TpGroup<B::R>,
         dout: Option<&[B::R]>,
         scale: B::R,
-        ready: &mut dyn FnMut(&B::Buf, usize) -> Result<(), CommError>,
+        ready: &mut dyn FnMut(&B, &B::Buf, usize) -> Result<(), CommError>,
     ) -> Result<(), CommError> {
         let d = Dims::new(&self.shape, &self.layout.part);
         let part = self.layout.part.clone();
@@ -383,7 +383,7 @@ impl<B: Backend> Model<B> {
             let (x, lnfw) = (B::view(a, &la.output()), B::view(p, &pl.lnfw));
             be.layernorm_backward(dx, dlnfw, dlnfb, B::read(&dlnf), x, lnfw, mean, rstd, c);
             sum_norm_grads(be, tp, g, &before)?;
-            ready(g, pl.lnfw.start)?;
+            ready(be, g, pl.lnfw.start)?;
         } else {
             let dout = dout.expect("a part without the head gets its output gradient");
             let [dres] = B::parts(dd, [&gl.dres[cur]]);
@@ -405,7 +405,7 @@ impl<B: Backend> Model<B> {
             block_backward(be, p, bp, g, &mut self.acts, ba, &input, dd, gl, cur, &d, b, t, sp, tp)?;
             cur = 1 - cur;
             sum_norm_grads(be, tp, g, &before)?;
-            ready(g, bp.ln1w.start)?; // this block's gradients are final for the microbatch
+            ready(be, g, bp.ln1w.start)?; // this block's gradients are final for the microbatch
         }
         if part.embed {
             let [dwte, dwpe] = B::parts(g, [&pl.wte, &pl.wpe]);
@@ -415,7 +415,7 @@ impl<B: Backend> Model<B> {
             be.encoder_backward(dwte, d.vlo, Some(dwpe), B::read(&dfull), &sl.tokens, t, c);
         }
         be.check()?;
-        ready(g, 0)?;
+        ready(be, g, 0)?;
         self.dinput = cur;
         Ok(())
     }

@@ -12,10 +12,10 @@ use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered, Started};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{ModelSpec, ParallelConfig, SpecError};
 
-use crate::backend::Cpu;
+use crate::backend::Backend;
 use crate::data::{self, Dataset};
 use crate::guard::Guard;
-use crate::model::{Gpt, GptShape, Part};
+use crate::model::{GptShape, Model, Part};
 use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::train::TrainConfig;
 
@@ -39,7 +39,8 @@ fn slots_needed(steps: &[schedule::Step], chunks: usize) -> Vec<usize> {
     peak
 }
 
-pub(super) fn run(
+pub(super) fn run<B: Backend<R = f32> + Clone>(
+    be: B,
     spec: &ModelSpec,
     cfg: &TrainConfig,
     pc: &ParallelConfig,
@@ -88,7 +89,7 @@ pub(super) fn run(
         weight_decay: cfg.weight_decay,
         ..Default::default()
     };
-    let mut chunks: Vec<Chunk> = (0..v)
+    let mut chunks: Vec<Chunk<B>> = (0..v)
         .map(|c| {
             let stage = c * pp + pp_i;
             let layers = if v == 1 {
@@ -106,24 +107,24 @@ pub(super) fn run(
                 sp: pc.sequence_parallel,
                 recompute: pc.recompute,
             };
-            let mut model = Gpt::<f32>::new_part(shape, &part, cfg.seed);
+            let mut model = Model::init(be.clone(), shape, &part, cfg.seed);
             model.prepare(cfg.micro_batch, shape.max_seq, slots[c]);
-            let regions = Regions::new(&model, dp, opts.bucket_elems);
+            let regions = Regions::new(&model.layout, dp, opts.bucket_elems);
             let decayed = model.layout.decayed();
             let pieces: Vec<Range<usize>> = if zero == 0 {
-                vec![0..model.params.len()]
+                vec![0..model.layout.total]
             } else {
                 (0..regions.regions.len()).map(|k| regions.piece(k, dp_i)).collect()
             };
             let opts = pieces
                 .into_iter()
                 .map(|p| {
-                    let o = AdamW::new(&Cpu::default(), adam, p.len(), decay_within(&decayed, &p));
+                    let o = AdamW::new(&model.be, adam, p.len(), decay_within(&decayed, &p));
                     (p, o)
                 })
                 .collect();
             let tied = (part.embed || part.head) && !(part.embed && part.head);
-            let mut counted = vec![true; model.params.len()];
+            let mut counted = vec![true; model.layout.total];
             if tp_i > 0 {
                 for r in model.layout.tp_replicated() {
                     counted[r].iter_mut().for_each(|x| *x = false);
@@ -135,7 +136,7 @@ pub(super) fn run(
             let shard_grads = if zero == 0 {
                 Vec::new()
             } else {
-                regions.regions.iter().map(|(_, s)| vec![0.0f32; *s]).collect()
+                regions.regions.iter().map(|(_, s)| model.be.alloc(*s)).collect()
             };
             Chunk {
                 model,
@@ -206,9 +207,10 @@ pub(super) fn run(
         let mut bytes = CommBytes::default();
         for c in &mut chunks {
             c.model.zero_grad();
-            c.shard_grads
-                .iter_mut()
-                .for_each(|s| s.iter_mut().for_each(|x| *x = 0.0));
+            for s in &mut c.shard_grads {
+                let all = 0..B::len(s);
+                c.model.be.zero(s, &all);
+            }
         }
         let mut loss = 0.0f64;
         let mut slot_of: HashMap<(u32, u32), usize> = HashMap::new();
@@ -253,9 +255,10 @@ pub(super) fn run(
                         loss += l as f64 / m as f64;
                     }
                     if s + 1 < stages {
-                        let out = ch.model.output(slot);
-                        pp_send
-                            .send(next, 2 * (s + 1) as u32, slice_of(out, slice_n, tp_i % slice_n))
+                        let mine = B::sub(ch.model.output(slot), &slice_of(n_act, slice_n, tp_i % slice_n));
+                        ch.model
+                            .be
+                            .with_host(mine, |x| pp_send.send(next, 2 * (s + 1) as u32, x))
                             .map_err(comm_err)?;
                     }
                 }
@@ -277,10 +280,10 @@ pub(super) fn run(
                     let reduce = (zero == 2 || si == last_backward[ci]) && (dp > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
                     let mut next = regions.regions.len(); // buckets ≥ next are started
-                    let mut start = |g: &Vec<f32>, from: usize| -> Result<(), CommError> {
+                    let mut start = |be: &B, g: &B::Buf, from: usize| -> Result<(), CommError> {
                         while reduce && next > 0 && regions.regions[next - 1].0.start >= from {
                             next -= 1;
-                            pending.push((ci, next, start_bucket(regions, next, g, zero, &dpm)?));
+                            pending.push((ci, next, start_bucket(be, regions, next, g, zero, &dpm)?));
                         }
                         Ok(())
                     };
@@ -288,12 +291,12 @@ pub(super) fn run(
                     if overlap {
                         model.backward_part(slot, &tpc, dout, scale, &mut start)
                     } else {
-                        model.backward_part(slot, &tpc, dout, scale, &mut |_, _| Ok(()))
+                        model.backward_part(slot, &tpc, dout, scale, &mut |_, _, _| Ok(()))
                     }
                     .map_err(comm_err)?;
                     times.compute += t0.elapsed().as_secs_f64();
                     if !overlap {
-                        start(&model.grads, 0).map_err(comm_err)?;
+                        start(&model.be, &model.grads, 0).map_err(comm_err)?;
                     }
                     let staged = |p: &(usize, usize, Started)| chunks[p.0].regions.staged(p.1, zero, dp);
                     staged_peak = staged_peak.max(pending.iter().map(staged).sum());
@@ -303,9 +306,10 @@ pub(super) fn run(
                     let ch = &mut chunks[ci];
                     free[ci].push(slot);
                     if s > 0 {
-                        let din = ch.model.input_grad();
-                        pp_send
-                            .send(prev, 2 * (s - 1) as u32 + 1, slice_of(din, slice_n, tp_i % slice_n))
+                        let mine = B::sub(ch.model.input_grad(), &slice_of(n_act, slice_n, tp_i % slice_n));
+                        ch.model
+                            .be
+                            .with_host(mine, |x| pp_send.send(prev, 2 * (s - 1) as u32 + 1, x))
                             .map_err(comm_err)?;
                     }
                     if zero == 2 {
@@ -325,38 +329,41 @@ pub(super) fn run(
                 let t0 = Instant::now();
                 g.embedding.barrier().map_err(comm_err)?;
                 tie_wait += t0.elapsed().as_secs_f64();
-                let wte = if zero == 0 {
-                    &mut ch.model.grads[ch.model.layout.wte.clone()]
+                let [wte] = if zero == 0 {
+                    let wte = ch.model.layout.wte.clone();
+                    B::parts(&mut ch.model.grads, [&wte])
                 } else {
-                    &mut ch.shard_grads[0][..] // region 0 is the embedding
+                    let all = 0..B::len(&ch.shard_grads[0]);
+                    B::parts(&mut ch.shard_grads[0], [&all]) // region 0 is the embedding
                 };
-                embm.all_reduce(wte).map_err(comm_err)?;
+                ch.model
+                    .be
+                    .with_host_mut(wte, |w| embm.all_reduce(w))
+                    .map_err(comm_err)?;
             }
         }
         // --- the global gradient norm over every rank, each element counted once
         let t_opt = Instant::now();
         let mut sq = 0.0f64;
+        let counted_sq = |g: &[f32], counted: &[bool]| {
+            g.iter()
+                .zip(counted)
+                .filter(|(_, c)| **c)
+                .map(|(g, _)| (*g as f64).powi(2))
+                .sum::<f64>()
+        };
         for ch in &chunks {
+            let be = &ch.model.be;
             if zero == 0 {
                 if dp_i == 0 {
-                    sq += ch
-                        .model
-                        .grads
-                        .iter()
-                        .zip(&ch.counted)
-                        .filter(|(_, c)| **c)
-                        .map(|(g, _)| (*g as f64).powi(2))
-                        .sum::<f64>();
+                    let all = 0..ch.model.layout.total;
+                    sq += be.with_host(B::view(&ch.model.grads, &all), |g| counted_sq(g, &ch.counted));
                 }
             } else {
                 for k in 0..ch.regions.regions.len() {
                     let p = ch.regions.piece(k, dp_i);
-                    sq += ch.shard_grads[k][..p.len()]
-                        .iter()
-                        .zip(&ch.counted[p])
-                        .filter(|(_, c)| **c)
-                        .map(|(g, _)| (*g as f64).powi(2))
-                        .sum::<f64>();
+                    let mine = B::view(&ch.shard_grads[k], &(0..p.len()));
+                    sq += be.with_host(mine, |g| counted_sq(g, &ch.counted[p]));
                 }
             }
         }
@@ -386,22 +393,24 @@ pub(super) fn run(
         };
         let lr = lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps);
         for ch in &mut chunks {
+            let m = &mut ch.model;
             if zero == 0 {
-                ch.model.grads.iter_mut().for_each(|x| *x *= clip);
+                let all = 0..m.layout.total;
+                let [g] = B::parts(&mut m.grads, [&all]);
+                m.be.scale(g, clip);
                 let (p, o) = &mut ch.opts[0];
-                o.update(
-                    &Cpu::default(),
-                    &mut ch.model.params[p.clone()],
-                    &ch.model.grads[p.clone()],
-                    lr,
-                );
+                let [params] = B::parts(&mut m.params, [&*p]);
+                o.update(&m.be, params, B::view(&m.grads, p), lr);
             } else {
                 for (k, (p, o)) in ch.opts.iter_mut().enumerate() {
-                    let gk = &mut ch.shard_grads[k][..p.len()];
-                    gk.iter_mut().for_each(|x| *x *= clip);
-                    o.update(&Cpu::default(), &mut ch.model.params[p.clone()], gk, lr);
+                    let (shard, mine) = (&mut ch.shard_grads[k], 0..p.len());
+                    let [gk] = B::parts(shard, [&mine]);
+                    m.be.scale(gk, clip);
+                    let [params] = B::parts(&mut m.params, [&*p]);
+                    o.update(&m.be, params, B::view(shard, &mine), lr);
                 }
             }
+            m.be.check().map_err(comm_err)?;
         }
         times.optimizer += t_opt.elapsed().as_secs_f64() - red_s;
         // ZeRO ≥ 1: every rank gets the updated parameters back
@@ -411,10 +420,12 @@ pub(super) fn run(
                     let (r, s) = ch.regions.regions[k].clone();
                     let p = ch.regions.piece(k, dp_i);
                     let mut send = vec![0.0f32; s];
-                    send[..p.len()].copy_from_slice(&ch.model.params[p]);
+                    let be = &ch.model.be;
+                    be.with_host(B::view(&ch.model.params, &p), |x| send[..p.len()].copy_from_slice(x));
                     let mut out = vec![0.0f32; s * dp];
                     dpm.all_gather(&send, &mut out).map_err(comm_err)?;
-                    ch.model.params[r.clone()].copy_from_slice(&out[..r.len()]);
+                    let [dst] = B::parts(&mut ch.model.params, [&r]);
+                    be.with_host_mut(dst, |d| d.copy_from_slice(&out[..r.len()]));
                 }
             }
         }
@@ -509,15 +520,15 @@ pub(super) fn run(
         ..Default::default()
     };
     for c in &chunks {
-        mem.weights += c.model.params.len() * f;
-        mem.optimizer += c.opts.iter().map(|(_, o)| (o.m.len() + o.v.len()) * f).sum::<usize>();
+        mem.weights += c.model.layout.total * f;
+        mem.optimizer += c.opts.iter().map(|(_, o)| 2 * o.len() * f).sum::<usize>();
         mem.activations += c.model.activation_bytes();
         mem.workspace += c.model.workspace_bytes();
         if zero == 2 {
-            mem.grads += c.shard_grads.iter().map(|s| s.len() * f).sum::<usize>();
-            mem.workspace += c.model.grads.len() * f;
+            mem.grads += c.shard_grads.iter().map(|s| B::len(s) * f).sum::<usize>();
+            mem.workspace += c.model.layout.total * f;
         } else {
-            mem.grads += c.model.grads.len() * f;
+            mem.grads += c.model.layout.total * f;
         }
     }
     let report = RankReport {
@@ -537,15 +548,15 @@ pub(super) fn run(
         report,
         chunks: chunks
             .into_iter()
-            .map(|c| (c.model.part().clone(), c.model.params))
+            .map(|c| (c.model.part().clone(), c.model.be.download(&c.model.params)))
             .collect(),
     })
 }
 
-/// Rank `i`'s 1/n slice of `x`.
-fn slice_of(x: &[f32], n: usize, i: usize) -> &[f32] {
-    let k = x.len() / n;
-    &x[i * k..(i + 1) * k]
+/// Rank `i`'s 1/n slice of a tensor of `len` elements.
+fn slice_of(len: usize, n: usize, i: usize) -> Range<usize> {
+    let k = len / n;
+    i * k..(i + 1) * k
 }
 
 /// Receive one activation (or gradient) tensor: whole, or (given the tp group to gather over)

@@ -24,6 +24,7 @@ use exatrain_parallel::comm::{CommError, Communicator};
 use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{Backend, Cpu};
 use crate::model::{GptShape, Part};
 use crate::train::TrainConfig;
 
@@ -217,7 +218,20 @@ pub fn train(
     data_dir: &Path,
     world: &dyn Communicator,
 ) -> Result<RankResult, SpecError> {
-    match executor::run(spec, cfg, pc, opts, data_dir, world) {
+    train_on(Cpu::default(), spec, cfg, pc, opts, data_dir, world)
+}
+
+/// [`train`] on backend `be` (each of the rank's model chunks holds a clone of it).
+pub fn train_on<B: Backend<R = f32> + Clone>(
+    be: B,
+    spec: &ModelSpec,
+    cfg: &TrainConfig,
+    pc: &ParallelConfig,
+    opts: &Options,
+    data_dir: &Path,
+    world: &dyn Communicator,
+) -> Result<RankResult, SpecError> {
+    match executor::run(be, spec, cfg, pc, opts, data_dir, world) {
         Ok(r) => Ok(r),
         // every rank saw the same loss and norm and stops at the same point: nothing to abort
         Err(Stop::Agreed(e)) => Err(e),

@@ -7,7 +7,8 @@ use std::ops::Range;
 use exatrain_parallel::comm::{CommError, Communicator, Metered, Started};
 
 use super::Start;
-use crate::model::{Gpt, GptShape};
+use crate::backend::Backend;
+use crate::model::{GptShape, Model, ParamLayout};
 use crate::optim::AdamW;
 
 pub(super) struct Regions {
@@ -16,10 +17,9 @@ pub(super) struct Regions {
 }
 
 impl Regions {
-    pub(super) fn new(model: &Gpt<f32>, dp: usize, bucket_elems: usize) -> Regions {
-        let layout = &model.layout;
+    pub(super) fn new(layout: &ParamLayout, dp: usize, bucket_elems: usize) -> Regions {
         let wte = layout.wte.clone();
-        let mut cuts = vec![model.params.len()];
+        let mut cuts = vec![layout.total];
         for b in layout.blocks.iter().skip(1).rev() {
             let start = b.ln1w.start;
             if bucket_elems > 0 && cuts.last().expect("end") - start >= bucket_elems {
@@ -69,16 +69,16 @@ pub(super) fn decay_within(decayed: &[Range<usize>], piece: &Range<usize>) -> Ve
         .collect()
 }
 
-/// One model chunk of this rank with its optimizer and gradient shards.
-pub(super) struct Chunk {
-    pub(super) model: Gpt<f32>,
+/// One model chunk of this rank with its optimizer and gradient shards, on backend `B`.
+pub(super) struct Chunk<B: Backend<R = f32>> {
+    pub(super) model: Model<B>,
     /// virtual stage index
     pub(super) stage: usize,
     pub(super) regions: Regions,
     /// ZeRO ≥ 1: this rank's reduced gradient shard of each region (padded)
-    pub(super) shard_grads: Vec<Vec<f32>>,
+    pub(super) shard_grads: Vec<B::Buf>,
     /// one AdamW per optimized piece: the whole buffer (ZeRO-0) or each region's piece
-    pub(super) opts: Vec<(Range<usize>, AdamW)>,
+    pub(super) opts: Vec<(Range<usize>, AdamW<B>)>,
     /// which gradient elements this rank counts in the global norm
     pub(super) counted: Vec<bool>,
     /// the embedding is tied to another rank's chunk (first and last stage differ)
@@ -86,7 +86,7 @@ pub(super) struct Chunk {
     pub(super) slots: usize,
 }
 
-impl Chunk {
+impl<B: Backend<R = f32>> Chunk<B> {
     /// Which optimizer holds element `i` of the buffer, and at which index (None: another
     /// data-parallel rank's shard).
     pub(super) fn opt_index(&self, i: usize) -> Option<(usize, usize)> {
@@ -98,16 +98,23 @@ impl Chunk {
 
     /// Take this chunk's parameters and optimizer state from the whole model's.
     pub(super) fn restore(&mut self, shape: &GptShape, st: &Start) {
+        let be = &self.model.be;
+        let mut params = be.download(&self.model.params);
+        let mut m: Vec<Vec<f32>> = self.opts.iter().map(|(_, o)| be.download(&o.m)).collect();
+        let mut v: Vec<Vec<f32>> = self.opts.iter().map(|(_, o)| be.download(&o.v)).collect();
         for (l, w, n) in self.model.layout.shard_runs(shape) {
             for j in 0..n {
-                self.model.params[l + j] = st.params[w + j];
+                params[l + j] = st.params[w + j];
                 if let Some((k, at)) = self.opt_index(l + j) {
-                    self.opts[k].1.m[at] = st.m[w + j];
-                    self.opts[k].1.v[at] = st.v[w + j];
+                    m[k][at] = st.m[w + j];
+                    v[k][at] = st.v[w + j];
                 }
             }
         }
-        for (_, o) in &mut self.opts {
+        self.model.params = be.upload(params);
+        for ((_, o), (m, v)) in self.opts.iter_mut().zip(m.into_iter().zip(v)) {
+            o.m = be.upload(m);
+            o.v = be.upload(v);
             o.step = st.opt_step;
         }
     }
@@ -116,9 +123,9 @@ impl Chunk {
 /// The whole model's state on every rank: each element is contributed by exactly one rank (the
 /// one that counts it in the norm and holds its optimizer shard), the rest add zeros, and one
 /// all-reduce over the world sums them.
-pub(super) fn gather_whole(
+pub(super) fn gather_whole<B: Backend<R = f32>>(
     shape: &GptShape,
-    chunks: &[Chunk],
+    chunks: &[Chunk<B>],
     zero: u8,
     dp_i: usize,
     step: u64,
@@ -128,6 +135,13 @@ pub(super) fn gather_whole(
     let mut all = vec![0.0f32; 3 * n];
     let mut opt_step = 0;
     for ch in chunks {
+        let be = &ch.model.be;
+        let params = be.download(&ch.model.params);
+        let mv: Vec<(Vec<f32>, Vec<f32>)> = ch
+            .opts
+            .iter()
+            .map(|(_, o)| (be.download(&o.m), be.download(&o.v)))
+            .collect();
         for (l, w, len) in ch.model.layout.shard_runs(shape) {
             for j in 0..len {
                 let i = l + j;
@@ -135,10 +149,10 @@ pub(super) fn gather_whole(
                 if !ch.counted[i] || (zero == 0 && dp_i != 0) {
                     continue;
                 }
-                let o = &ch.opts[k].1;
-                all[w + j] = ch.model.params[i];
-                all[n + w + j] = o.m[at];
-                all[2 * n + w + j] = o.v[at];
+                let (m, v) = &mv[k];
+                all[w + j] = params[i];
+                all[n + w + j] = m[at];
+                all[2 * n + w + j] = v[at];
             }
         }
         opt_step = ch.opts[0].1.step;
@@ -158,30 +172,33 @@ pub(super) fn gather_whole(
 
 /// Start the data-parallel reduction of bucket `k` of gradients `g`: an all-reduce (ZeRO 0) or
 /// a reduce-scatter of the bucket padded to dp equal shards (ZeRO ≥ 1).
-pub(super) fn start_bucket(
+pub(super) fn start_bucket<B: Backend<R = f32>>(
+    be: &B,
     regions: &Regions,
     k: usize,
-    g: &[f32],
+    g: &B::Buf,
     zero: u8,
     dpm: &Metered,
 ) -> Result<Started, CommError> {
     let (r, s) = regions.regions[k].clone();
-    if zero == 0 {
-        dpm.start_all_reduce(g[r].to_vec())
-    } else {
-        let mut full = vec![0.0f32; s * dpm.size()];
-        full[..r.len()].copy_from_slice(&g[r]);
-        dpm.start_reduce_scatter(full)
-    }
+    be.with_host(B::view(g, &r), |g| {
+        if zero == 0 {
+            dpm.start_all_reduce(g.to_vec())
+        } else {
+            let mut full = vec![0.0f32; s * dpm.size()];
+            full[..r.len()].copy_from_slice(g);
+            dpm.start_reduce_scatter(full)
+        }
+    })
 }
 
 /// Wait for the pending reductions (of chunk `only`, or all) in the order started, and put
 /// each result in place: the reduced bucket back into the gradients (ZeRO 0), or added to the
 /// rank's shard (ZeRO ≥ 1).
-pub(super) fn finish(
+pub(super) fn finish<B: Backend<R = f32>>(
     pending: &mut Vec<(usize, usize, Started)>,
     only: Option<usize>,
-    chunks: &mut [Chunk],
+    chunks: &mut [Chunk<B>],
     dpm: &Metered,
     zero: u8,
 ) -> Result<(), CommError> {
@@ -190,13 +207,20 @@ pub(super) fn finish(
     for (c, k, started) in now {
         let got = dpm.wait(started)?;
         let ch = &mut chunks[c];
+        let be = &ch.model.be;
         if zero == 0 {
             let r = ch.regions.regions[k].0.clone();
-            ch.model.grads[r].copy_from_slice(&got);
+            let [g] = B::parts(&mut ch.model.grads, [&r]);
+            be.with_host_mut(g, |g| g.copy_from_slice(&got));
         } else {
-            for (a, b) in ch.shard_grads[k].iter_mut().zip(&got) {
-                *a += *b;
-            }
+            let shard = &mut ch.shard_grads[k];
+            let all = 0..B::len(shard);
+            let [s] = B::parts(shard, [&all]);
+            be.with_host_mut(s, |s| {
+                for (a, b) in s.iter_mut().zip(&got) {
+                    *a += *b;
+                }
+            });
         }
     }
     Ok(())
