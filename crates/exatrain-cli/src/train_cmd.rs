@@ -12,7 +12,7 @@ use exatrain_train::checkpoint;
 use exatrain_train::data;
 use exatrain_train::parallel::{self, Options, RankReport, RankResult, Schedule, Start};
 use exatrain_train::train::{TrainConfig, Trainer};
-use exatrain_train::Backend;
+use exatrain_train::{Backend, Cpu};
 use serde::{Deserialize, Serialize};
 
 use crate::calibrate_cmd::Device;
@@ -570,7 +570,8 @@ fn summary_line(loss: f64, lr: f64, tokens_per_s: f64) -> String {
 
 /// Run this rank of the job: world rank 0 writes the progress and checkpoints (the whole
 /// model, so any layout can resume them).
-fn run_rank(
+fn run_rank<B: Backend<R = f32> + Clone>(
+    be: B,
     a: &TrainArgs,
     run: &Run,
     progress: Option<&Progress>,
@@ -663,7 +664,7 @@ fn run_rank(
         on_eval: Some(&eval),
         on_diverge: Some(&retract),
     };
-    parallel::train(&run.spec, &run.cfg, &run.pc, &opts, &run.data, world)
+    parallel::train_on(be, &run.spec, &run.cfg, &run.pc, &opts, &run.data, world)
 }
 
 fn summary(run: &Run, r: &RankResult, seconds: f64) {
@@ -686,20 +687,38 @@ fn first_step(run: &Run) -> u64 {
     run.resumed.as_ref().map_or(0, |r| r.state.step)
 }
 
-/// `--ranks N`: the layout over in-process ranks (threads).
+/// `--ranks N`: the layout over in-process ranks (threads) on the CPU.
 fn run_in_process(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
     run_folder::check_memory(&run.spec, &run.pc, run.layout.ranks)?;
     start(a, run)?;
+    in_process(a, run, vec![Cpu::default(); run.layout.ranks])
+}
+
+/// The number of ranks of the run's layout.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn ranks(run: &Run) -> usize {
+    run.layout.ranks
+}
+
+/// The run over in-process ranks (threads), rank i on backend `backends[i]` (its folder
+/// claimed and data prepared already).
+pub(crate) fn in_process<B: Backend<R = f32> + Clone + Send>(
+    a: &TrainArgs,
+    run: &Run,
+    backends: Vec<B>,
+) -> Result<(), SpecError> {
     let progress = Progress::new(&run.out, first_step(run), run.cfg.steps, a.json)?;
     let n = run.layout.ranks;
+    assert_eq!(backends.len(), n, "one backend per rank");
     let comms = exatrain_parallel::comm::in_process(n, std::time::Duration::from_secs_f64(a.comm_timeout));
     let t0 = std::time::Instant::now();
     let results: Vec<Result<RankResult, SpecError>> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
-            .map(|comm| {
+            .zip(backends)
+            .map(|(comm, be)| {
                 let p = (comm.rank() == 0).then_some(&progress);
-                s.spawn(move || run_rank(a, run, p, &comm))
+                s.spawn(move || run_rank(be, a, run, p, &comm))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
@@ -798,7 +817,7 @@ fn run_mpi(a: &TrainArgs, given: &Given) -> Result<(), SpecError> {
     };
     comm.barrier().map_err(|e| SpecError::new(e.0))?;
     let t0 = std::time::Instant::now();
-    let r = run_rank(a, &run, progress.as_ref(), &comm);
+    let r = run_rank(Cpu::default(), a, &run, progress.as_ref(), &comm);
     if let Some(p) = &progress {
         p.finish();
     }
@@ -836,9 +855,7 @@ pub fn run_train(a: TrainArgs, given: Given) -> Result<(), SpecError> {
     let run = resolve(&a, &given, None)?;
     if a.device == Device::Cuda {
         if !run.layout.is_single() || a.report.is_some() || a.no_ckpt {
-            return Err(SpecError::new(
-                "--device cuda trains one rank on one GPU: the multi-rank engine (--tp, --pp, --dp, --report, --no-ckpt) runs on the CPU for now",
-            ));
+            return crate::train_gpu::run_ranks(&a, &run);
         }
         return crate::train_gpu::run(&a, &run);
     }

@@ -1,7 +1,8 @@
 //! `exatrain train --device cuda`: the one-process trainer on one NVIDIA GPU through the CUDA
-//! backend (all-fp32 mode), after refusing, before anything is allocated, a run the GPU's free
-//! memory cannot hold. Without the `cuda` feature, or without a driver or a device, one clear
-//! error and exit 2.
+//! backend (all-fp32 mode) — or, for a multi-rank layout, its in-process ranks sharing that GPU
+//! (each its own backend; activations and gradients pass through the host hub) — after
+//! refusing, before anything is allocated or written, a run the GPU's free memory cannot hold.
+//! Without the `cuda` feature, or without a driver or a device, one clear error and exit 2.
 
 use exatrain_spec::SpecError;
 
@@ -10,6 +11,42 @@ use crate::train_cmd::{Run, TrainArgs};
 #[cfg(not(feature = "cuda"))]
 pub fn run(_a: &TrainArgs, _run: &Run) -> Result<(), SpecError> {
     Err(SpecError::new(format!("--device cuda: {}", exatrain_cuda::not_built())))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn run_ranks(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+    self::run(a, run)
+}
+
+/// The layout's ranks as in-process ranks sharing GPU `--gpu`, each with its own backend
+/// (stream, scratch, cuBLASLt handle), after checking that all of them fit.
+#[cfg(feature = "cuda")]
+pub fn run_ranks(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
+    use exatrain_cuda::kernels::Precision;
+    use exatrain_train::backend::Cuda;
+
+    use crate::run_folder;
+    use crate::train_cmd;
+
+    let gpu_err = |e: exatrain_cuda::GpuError| SpecError::new(format!("--device cuda: {e}"));
+    let n = train_cmd::ranks(run);
+    let first = Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?;
+    let need = run_folder::rank_bytes(&run.spec, &run.pc)? * n as f64;
+    first
+        .gpu()
+        .check_fits(
+            need as u64,
+            &format!(
+                "{n} ranks sharing the GPU (each: weights, gradients, AdamW moments, activations and logits, all fp32)"
+            ),
+        )
+        .map_err(gpu_err)?;
+    let mut backends = vec![first];
+    for _ in 1..n {
+        backends.push(Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?);
+    }
+    train_cmd::start(a, run)?;
+    train_cmd::in_process(a, run, backends)
 }
 
 #[cfg(feature = "cuda")]

@@ -253,6 +253,10 @@ impl Lt {
     }
 }
 
+// SAFETY: the cuBLASLt handle and plans are only used through `&mut self` (one thread at a
+// time); cuBLASLt handles may move between host threads.
+unsafe impl Send for Lt {}
+
 impl Drop for Lt {
     fn drop(&mut self) {
         // SAFETY: each was created once by this handle and is destroyed once here.

@@ -95,3 +95,131 @@ fn a_training_step_with_recomputation_on_the_gpu_matches_the_cpu() {
     step_matches(Recompute::Selective);
     step_matches(Recompute::Full);
 }
+
+// --- the trainer and the parallel engine on the GPU against the CPU trainer
+
+const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("exatrain-gpu-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// 4 layers, 4 heads of width 8, vocabulary 300 padded to 304, seq 32.
+fn small() -> exatrain_spec::ModelSpec {
+    exatrain_spec::ModelFile {
+        name: Some("gpu-small".into()),
+        layers: Some(4),
+        hidden: Some(32),
+        heads: Some(4),
+        seq_len: Some(32),
+        vocab: Some(300),
+        padded_vocab: Some(304),
+        ..Default::default()
+    }
+    .resolve("gpu-small")
+    .unwrap()
+}
+
+fn dataset(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = dir.join("corpus.txt");
+    let cut = CORPUS.char_indices().take_while(|(i, _)| *i < 30_000).last().unwrap().0;
+    std::fs::write(&src, &CORPUS[..cut]).unwrap();
+    let d = dir.join("data");
+    exatrain_train::data::prepare(&src, 300, &d).unwrap();
+    d
+}
+
+fn cfg() -> exatrain_train::train::TrainConfig {
+    exatrain_train::train::TrainConfig {
+        steps: 4,
+        micro_batch: 2,
+        global_batch: 8,
+        warmup: 2,
+        lr: 3e-3,
+        eval_every: 0,
+        ckpt_every: 0,
+        ..Default::default()
+    }
+}
+
+/// The CPU trainer's first losses.
+fn cpu_losses(dir: &std::path::Path, data: &std::path::Path) -> Vec<f64> {
+    use exatrain_train::train::Trainer;
+    let mut t = Trainer::new(small(), cfg(), data, &dir.join("cpu")).unwrap();
+    (0..4).map(|_| t.train_step().unwrap().loss).collect()
+}
+
+fn close(name: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{name}");
+    for (a, b) in got.iter().zip(want) {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "{name}: losses {got:?} vs the CPU's {want:?}"
+        );
+    }
+    println!("{name}: losses {got:?} (CPU {want:?})");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (scripts/device_check.sh runs it on the GPU machine)"]
+fn the_trainer_on_the_gpu_takes_the_cpus_steps() {
+    use exatrain_train::train::Trainer;
+    let dir = tmp("trainer");
+    let data = dataset(&dir);
+    let want = cpu_losses(&dir, &data);
+    let be = Cuda::open(0, Precision::Fp32).unwrap_or_else(|e| panic!("{e}"));
+    let mut t = Trainer::on(be, f64::NAN, small(), cfg(), &data, &dir.join("gpu")).unwrap();
+    let got: Vec<f64> = (0..4).map(|_| t.train_step().unwrap().loss).collect();
+    close("one GPU", &got, &want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (scripts/device_check.sh runs it on the GPU machine)"]
+fn five_parallel_layouts_sharing_the_gpu_train_what_one_rank_trains() {
+    use exatrain_parallel::comm::in_process;
+    use exatrain_spec::{Dtype, ParallelConfig};
+    use exatrain_train::parallel::{self, Options};
+    let dir = tmp("layouts");
+    let data = dataset(&dir);
+    let want = cpu_losses(&dir, &data);
+    let layout = |tp, pp, dp, zero: u8, sp: bool| ParallelConfig {
+        dtype: Dtype::Fp32,
+        zero,
+        sequence_parallel: sp,
+        ..ParallelConfig::new(tp, pp, dp, 2, 8)
+    };
+    for (name, pc) in [
+        ("tp 2", layout(2, 1, 1, 0, false)),
+        ("pp 2", layout(1, 2, 1, 0, false)),
+        ("dp 2, ZeRO-1", layout(1, 1, 2, 1, false)),
+        ("tp 2 × pp 2, sequence parallel", layout(2, 2, 1, 0, true)),
+        ("tp 2 × dp 2, ZeRO-2", layout(2, 1, 2, 2, false)),
+    ] {
+        let n = pc.gpus() as usize;
+        let backends: Vec<Cuda> = (0..n)
+            .map(|_| Cuda::open(0, Precision::Fp32).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let comms = in_process(n, std::time::Duration::from_secs(60));
+        let c = cfg();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .into_iter()
+                .zip(backends)
+                .map(|(comm, be)| {
+                    let (c, data) = (&c, &data);
+                    s.spawn(move || parallel::train_on(be, &small(), c, &pc, &Options::default(), data, &comm))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            let r = r.unwrap_or_else(|e| panic!("{name}: {e}"));
+            close(name, &r.losses, &want);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,7 +19,7 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use exatrain_cuda::cudarc::driver::{result, CudaSlice};
 use exatrain_cuda::device::{self, Gpu};
@@ -73,8 +73,21 @@ struct Scratch {
     ids: Option<CudaSlice<i32>>,
 }
 
-/// One GPU as a backend, in the all-fp32 mode.
-pub struct Cuda {
+/// One GPU as a backend, in the all-fp32 mode. Clones share the device handle, stream and
+/// scratch: one rank's model chunks, used by one thread at a time. Ranks sharing a GPU each
+/// open their own.
+#[derive(Clone)]
+pub struct Cuda(Arc<Inner>);
+
+impl std::ops::Deref for Cuda {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// What a [`Cuda`] backend holds.
+pub struct Inner {
     gpu: Gpu,
     lt: Mutex<Lt>,
     scratch: Mutex<Scratch>,
@@ -98,14 +111,16 @@ impl Cuda {
         }
         let gpu = device::open(ordinal)?;
         let lt = Lt::new(gpu.stream.clone())?;
-        Ok(Cuda {
+        Ok(Cuda(Arc::new(Inner {
             gpu,
             lt: Mutex::new(lt),
             scratch: Mutex::new(Scratch::default()),
             failed: Mutex::new(None),
-        })
+        })))
     }
+}
 
+impl Inner {
     pub fn gpu(&self) -> &Gpu {
         &self.gpu
     }
@@ -114,6 +129,11 @@ impl Cuda {
     fn run(&self, f: impl FnOnce(&Ops<'_>) -> Result<(), GpuError>) {
         let mut failed = lock(&self.failed);
         if failed.is_some() {
+            return;
+        }
+        // the calling thread may be a rank's own (the device was opened on another)
+        if let Err(e) = self.gpu.ctx.bind_to_thread() {
+            *failed = Some(format!("cannot make the GPU's context current: {e}"));
             return;
         }
         let o = Ops {
