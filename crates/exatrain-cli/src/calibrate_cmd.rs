@@ -104,6 +104,7 @@ fn csv_runs(
             layout: c.cfg,
             time_s: Default::default(),
             step_s: Some(step),
+            framework: Some(c.framework),
         });
     }
     if out.is_empty() {

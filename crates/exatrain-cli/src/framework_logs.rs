@@ -201,6 +201,11 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             layout,
             time_s: Default::default(),
             step_s: Some(step),
+            framework: Some(match log.format {
+                exatrain_tune::logs::LogFormat::MegatronLm => exatrain_spec::Framework::MegatronLm,
+                exatrain_tune::logs::LogFormat::MegatronDeepspeed => exatrain_spec::Framework::MegatronDeepspeed,
+                exatrain_tune::logs::LogFormat::Torchtitan => exatrain_spec::Framework::Torchtitan,
+            }),
         },
         log,
     ))

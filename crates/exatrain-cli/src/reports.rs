@@ -134,5 +134,6 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
         layout,
         time_s,
         step_s: None,
+        framework: None,
     })
 }

@@ -12,7 +12,7 @@
 //! nonlinearity of the model (rooflines, ring-vs-tree choice, overlap) is respected. A factor no
 //! measured term depends on keeps its value and is reported as not fitted. Pure: no IO.
 
-use exatrain_spec::{ClusterSpec, ModelSpec, ParallelConfig, SpecError};
+use exatrain_spec::{ClusterSpec, Framework, ModelSpec, ParallelConfig, SpecError};
 use serde::Serialize;
 
 use crate::{plan, Times};
@@ -28,6 +28,10 @@ pub struct Measured {
     pub time_s: Times,
     /// Measured wall time per step, when only that is known (framework logs).
     pub step_s: Option<f64>,
+    /// The framework that ran it: the fitted stack is carried to it before predicting
+    /// (`ClusterSpec::for_framework`), so one fit serves runs of several frameworks. None: the
+    /// cluster's own stack (exatrain's trainer reports).
+    pub framework: Option<Framework>,
 }
 
 /// A multiplier on part of a cluster spec.
@@ -105,6 +109,14 @@ fn measured(run: &Measured) -> [f64; 5] {
 }
 
 fn predict(c: &ClusterSpec, run: &Measured) -> Result<[f64; 5], SpecError> {
+    let carried;
+    let c = match run.framework {
+        Some(f) if c.stack.framework.is_some_and(|g| g != f) => {
+            carried = c.for_framework(f);
+            &carried
+        }
+        _ => c,
+    };
     plan(&run.model, c, &run.layout)
         .map(|p| {
             let t = p.time_s;

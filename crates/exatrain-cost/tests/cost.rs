@@ -329,6 +329,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 layout: *l,
                 time_s,
                 step_s: None,
+                framework: None,
             }
         })
         .collect();
@@ -365,6 +366,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 model,
                 layout: l,
                 step_s: None,
+                framework: None,
             }
         })
         .collect();
@@ -407,6 +409,7 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
             layout: *l,
             time_s: Default::default(),
             step_s: Some(step),
+            framework: None,
         }
     })
     .collect();
@@ -416,6 +419,61 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
     assert!((by(Factor::Compute).multiplier / 0.8 - 1.0).abs() < 0.03, "{f:?}");
     assert!((by(Factor::Bandwidth).multiplier / 0.4 - 1.0).abs() < 0.1, "{f:?}");
     assert!(f.rms_log_error_after < 0.01 && f.rms_log_error_before > 0.1, "{f:?}");
+}
+
+/// Runs of two frameworks on one machine: each run is predicted with the stack carried to its
+/// framework, so the fit recovers the machine's one stack factor (not a blend of the two).
+#[test]
+fn a_fit_carries_each_run_to_its_framework() {
+    use exatrain_cost::fit::{fit, Factor, Measured};
+    use exatrain_spec::Framework;
+    let base = presets::cluster("dgx-h100").unwrap();
+    assert_eq!(base.stack.framework, Some(Framework::MegatronLm));
+    let mut truth = base.clone();
+    Factor::Compute.apply(&mut truth, 0.9);
+    let layouts = [
+        ParallelConfig::new(8, 1, 2, 1, 64),
+        ParallelConfig::new(2, 4, 2, 1, 64),
+        ParallelConfig::new(4, 2, 4, 2, 128),
+        ParallelConfig::new(8, 2, 1, 1, 64),
+    ];
+    let runs: Vec<Measured> = layouts
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let model = presets::model("llama2-7b").unwrap();
+            // every other run by Megatron-DeepSpeed, which reaches less of the same machine
+            let fw = if i % 2 == 0 {
+                Framework::MegatronLm
+            } else {
+                Framework::MegatronDeepspeed
+            };
+            let step = plan(&model, &truth.for_framework(fw), l).unwrap().step_time_s;
+            Measured {
+                name: format!("{fw:?} {l:?}"),
+                model,
+                layout: *l,
+                time_s: Default::default(),
+                step_s: Some(step),
+                framework: Some(fw),
+            }
+        })
+        .collect();
+    let f = fit(&base, &runs).unwrap();
+    let compute = f.factors.iter().find(|y| y.factor == Factor::Compute).unwrap();
+    assert!((compute.multiplier / 0.9 - 1.0).abs() < 0.02, "{f:?}");
+    assert!(f.rms_log_error_after < 0.01, "{f:?}");
+    // without the frameworks the same runs fit worse: a blend
+    let blind: Vec<Measured> = runs
+        .iter()
+        .cloned()
+        .map(|r| Measured { framework: None, ..r })
+        .collect();
+    let g = fit(&base, &blind).unwrap();
+    assert!(
+        g.rms_log_error_after > 2.0 * f.rms_log_error_after + 0.01,
+        "{g:?} vs {f:?}"
+    );
 }
 
 /// Uneven stages: the slowest stage (8 layers of 126 on 16 stages) sets the pace, between the
