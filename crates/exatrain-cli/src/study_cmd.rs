@@ -191,9 +191,10 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
     let compare = match (&a.compare, &a.compare_zero, a.compare_no_flash) {
         (None, None, false) => None,
         (None, _, _) => {
-            return Err(SpecError::new(
-                "--compare-zero and --compare-no-flash go with --compare FRAMEWORK (megatron-lm, megatron-deepspeed, torchtitan, any)",
-            ))
+            return Err(SpecError::new(format!(
+                "--compare-zero and --compare-no-flash go with --compare FRAMEWORK ({}, any)",
+                exatrain_spec::Framework::allowed()
+            )))
         }
         (Some(f), zero, no_flash) => Some(exatrain_study::explain::Stack {
             framework: if f == "any" {
@@ -201,7 +202,8 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
             } else {
                 Some(f.parse().map_err(|_: SpecError| {
                     SpecError::new(format!(
-                        "--compare {f} is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan, any)"
+                        "--compare {f} is not known (allowed: {}, any)",
+                        exatrain_spec::Framework::allowed()
                     ))
                 })?)
             },
@@ -217,9 +219,11 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         tokens_per_param: a.tokens_per_param,
         node_mtbf_hours: positive_f(a.node_mtbf_hours, "node-mtbf-hours")?,
         checkpoint_write_gbps: positive_f(a.checkpoint_gbps, "checkpoint-gbps")?,
-        framework: a.framework.as_deref().map(str::parse).transpose()?,
-        zero: crate::tune_cmd::zero_stages(&a.zero)?,
-        flash_attention: !a.no_flash,
+        search: exatrain_study::explain::Stack {
+            framework: a.framework.as_deref().map(str::parse).transpose()?,
+            zero: crate::tune_cmd::zero_stages(&a.zero)?,
+            flash_attention: !a.no_flash,
+        },
         compare,
     };
     if let Some(dir) = &a.out {

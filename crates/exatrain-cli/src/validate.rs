@@ -202,8 +202,10 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     let model = field(model.resolve(&run.name), &run.name)?;
     let framework: Framework = run.framework.parse().map_err(|_| {
         SpecError::new(format!(
-            "run {}: framework `{}` is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)",
-            run.name, run.framework
+            "run {}: framework `{}` is not known (allowed: {})",
+            run.name,
+            run.framework,
+            Framework::allowed()
         ))
     })?;
     let cluster = field(load::cluster(&run.cluster), &run.name)?.for_framework(framework);

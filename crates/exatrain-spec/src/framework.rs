@@ -22,6 +22,11 @@ impl Framework {
         Framework::Torchtitan,
     ];
 
+    /// Every framework's name, for messages: "megatron-lm, megatron-deepspeed, torchtitan".
+    pub fn allowed() -> String {
+        Framework::ALL.map(Framework::name).join(", ")
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Framework::MegatronLm => "megatron-lm",
@@ -165,7 +170,8 @@ impl std::str::FromStr for Framework {
     fn from_str(s: &str) -> Result<Self, SpecError> {
         Framework::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| {
             SpecError::new(format!(
-                "--framework {s} is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)"
+                "--framework {s} is not known (allowed: {})",
+                Framework::allowed()
             ))
         })
     }

@@ -18,6 +18,15 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// Every layout: any framework, every ZeRO stage, flash attention or not.
+    pub fn any() -> Stack {
+        Stack {
+            framework: None,
+            zero: vec![0, 1, 2, 3],
+            flash_attention: true,
+        }
+    }
+
     /// "megatron-deepspeed, ZeRO 0/1, no flash attention"
     pub fn describe(&self) -> String {
         let zero: Vec<String> = self.zero.iter().map(u8::to_string).collect();

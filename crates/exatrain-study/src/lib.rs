@@ -85,24 +85,15 @@ pub struct StudySpec {
     pub tokens_per_param: f64,
     pub node_mtbf_hours: Option<f64>,
     pub checkpoint_write_gbps: Option<f64>,
-    /// Only layouts this framework runs.
-    pub framework: Option<exatrain_spec::Framework>,
-    /// The ZeRO stages searched (default 0..=3); `[0, 1]` searches what a TP/PP + ZeRO-1 stack
-    /// such as the Frontier study's Megatron-DeepSpeed ran.
-    pub zero: Vec<u8>,
-    /// Search flash attention too (default true).
-    pub flash_attention: bool,
+    /// The stack whose layouts are searched ([`explain::Stack::any`]: the whole space; ZeRO
+    /// 0/1 without flash attention on Megatron-DeepSpeed: what the Frontier study ran).
+    pub search: explain::Stack,
     /// Explain each strong-scaling recommendation against the best layout this stack runs.
     pub compare: Option<explain::Stack>,
 }
 
 fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, spec: &StudySpec) -> Result<Point, String> {
-    let stack = explain::Stack {
-        framework: spec.framework,
-        zero: spec.zero.clone(),
-        flash_attention: spec.flash_attention,
-    };
-    best_on(m, c, gpus, gb, &stack)
+    best_on(m, c, gpus, gb, &spec.search)
 }
 
 /// The best layout of `gpus` GPUs and batch `gb` among those `stack` runs, priced with the
@@ -170,7 +161,7 @@ pub fn study_model(m: &ModelSpec, c: &ClusterSpec, s: &StudySpec) -> ModelStudy 
                     m,
                     p,
                     stack,
-                    s.framework.map_or(c.stack.framework, Some),
+                    s.search.framework.map_or(c.stack.framework, Some),
                     best_on(m, c, gpus, gb0, stack),
                 )),
                 _ => None,

@@ -10,9 +10,7 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
         tokens_per_param: 20.0,
         node_mtbf_hours: None,
         checkpoint_write_gbps: None,
-        framework: None,
-        zero: vec![0, 1, 2, 3],
-        flash_attention: true,
+        search: exatrain_study::explain::Stack::any(),
         compare: None,
     }
 }
@@ -118,8 +116,11 @@ fn a_restricted_study_recommends_only_what_the_stack_runs() {
         std::slice::from_ref(&m),
         &c,
         &StudySpec {
-            zero: vec![0, 1],
-            flash_attention: false,
+            search: exatrain_study::explain::Stack {
+                framework: None,
+                zero: vec![0, 1],
+                flash_attention: false,
+            },
             ..spec(vec![128])
         },
     );
@@ -180,11 +181,7 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
         "{text}"
     );
     // a stack that runs everything runs the recommendation itself
-    let all = Stack {
-        framework: None,
-        zero: vec![0, 1, 2, 3],
-        flash_attention: true,
-    };
+    let all = Stack::any();
     let s = study(
         std::slice::from_ref(&m),
         &c,
