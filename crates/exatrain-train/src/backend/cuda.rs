@@ -3,13 +3,12 @@
 //! (`kernels/*.cu`, the CPU kernels' names and argument order) and every product goes through
 //! cuBLASLt with the CPU's accumulate-into-gradients semantics (`beta = 1`).
 //!
-//! - **Matmul**: `out[N, OC] = inp[N, C]·wᵀ (+ bias)`; the bias is a rank-1 product
-//!   `bias ⊗ 1` written first, so the GEMM accumulates onto it; `dbias += doutᵀ·1` is a GEMM
-//!   against a vector of ones (cuBLASLt's fixed reduction order, no float atomics).
-//! - **Attention**: what the CPU kernel computes — scale·Q·Kᵀ into `att` [B, NH, T, T], the
-//!   causal softmax in place, `att·V` — as strided batched GEMMs over the heads of one sequence
-//!   (Q, K and V of head h sit HS apart in a row of `qkv` [B, T, 3C]), one call per sequence.
-//!   The backward keeps one sequence's `datt` [NH, T, T] in a scratch buffer.
+//! - **Matmul and attention** are [`plan`]s: the GEMMs in cuBLASLt's terms and the softmax
+//!   kernels between them, tested on the host against the CPU kernels. The bias is a rank-1
+//!   product `bias ⊗ 1` written first, so the GEMM accumulates onto it; `dbias += doutᵀ·1` is a
+//!   GEMM against a vector of ones (no float atomics). Attention is strided batched GEMMs over
+//!   the heads of one sequence, one call per sequence; the backward keeps one sequence's
+//!   `datt` [NH, T, T] in a scratch buffer.
 //! - **Precision**: the all-fp32 mode (`floatX = float`), so every buffer of the offset tables
 //!   holds f32 exactly as on the CPU and the layouts carry over unchanged. bf16 activations need
 //!   the norm and loss statistics kept in fp32 beside them (a second region in the activation
@@ -29,6 +28,7 @@ use exatrain_cuda::ops::{self, Ops, Ptr};
 use exatrain_cuda::GpuError;
 use exatrain_parallel::comm::CommError;
 
+use super::plan::{self, Step};
 use super::Backend;
 use crate::optim::AdamWConfig;
 
@@ -149,12 +149,28 @@ impl Inner {
         lock(&self.failed).is_some()
     }
 
-    /// C = alpha·op(A)·op(B) + beta·C in f32 (see [`Shape`] for the column-major terms).
-    fn gemm(&self, s: Shape, alpha: f32, a: Ptr, b: Ptr, beta: f32, c: Ptr) {
-        self.run(|_| {
-            // SAFETY: every caller passes views of live buffers that hold the shape's extent.
-            unsafe { lock(&self.lt).gemm(&s, alpha, a, b, beta, c) }
-        });
+    /// Run a plan (see [`plan`]): its GEMMs through cuBLASLt, its softmax steps as kernels.
+    fn exec(&self, steps: Vec<Step>) {
+        for s in steps {
+            match s {
+                Step::Gemm(g) => {
+                    let mut sh = Shape::plain(g.m as u64, g.n as u64, g.k as u64, Ty::F32, Ty::F32);
+                    (sh.transa, sh.transb) = (g.transa, g.transb);
+                    (sh.lda, sh.ldb, sh.ldc) = (g.lda as i64, g.ldb as i64, g.ldc as i64);
+                    sh.batch = g.batch as i32;
+                    (sh.stride_a, sh.stride_b, sh.stride_c) = (g.stride_a as i64, g.stride_b as i64, g.stride_c as i64);
+                    self.run(|_| {
+                        // SAFETY: the plans address views of live buffers within their extents
+                        // (tested on the host against the CPU kernels).
+                        unsafe { lock(&self.lt).gemm(&sh, g.alpha, g.a, g.b, g.beta, g.c) }
+                    });
+                }
+                Step::SoftmaxForward { att, rows, t } => self.run(|o| o.softmax_causal_forward(att, rows, t)),
+                Step::SoftmaxBackward { datt, att, rows, t } => {
+                    self.run(|o| o.softmax_causal_backward(datt, att, rows, t))
+                }
+            }
+        }
     }
 
     /// A scratch buffer of at least `n` f32 from `pick(scratch)`, filled with `fill` when grown.
@@ -201,24 +217,9 @@ impl Inner {
     }
 }
 
-/// A packed f32 GEMM in column-major terms, `batch` times with the given strides.
-#[allow(clippy::too_many_arguments)]
-fn shape(m: usize, n: usize, k: usize, ta: bool, tb: bool, lda: usize, ldb: usize, ldc: usize) -> Shape {
-    let mut s = Shape::plain(m as u64, n as u64, k as u64, Ty::F32, Ty::F32);
-    (s.transa, s.transb) = (ta, tb);
-    (s.lda, s.ldb, s.ldc) = (lda as i64, ldb as i64, ldc as i64);
-    s
-}
-
-fn batched(mut s: Shape, batch: usize, sa: usize, sb: usize, sc: usize) -> Shape {
-    s.batch = batch as i32;
-    (s.stride_a, s.stride_b, s.stride_c) = (sa as i64, sb as i64, sc as i64);
-    s
-}
-
 /// The address `off` f32 past `p`.
 fn at(p: Ptr, off: usize) -> Ptr {
-    p + off as u64 * F
+    plan::at(p, off)
 }
 
 impl Backend for Cuda {
@@ -246,7 +247,7 @@ impl Backend for Cuda {
                 }
             }
             Err(e) => {
-                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", len as u64 * F >> 20));
+                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", (len as u64 * F) >> 20));
                 DevBuf {
                     _mem: None,
                     ptr: 0,
@@ -273,7 +274,7 @@ impl Backend for Cuda {
                 }
             }
             Err(e) => {
-                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", n as u64 * F >> 20));
+                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", (n as u64 * F) >> 20));
                 DevBuf {
                     _mem: None,
                     ptr: 0,
@@ -524,31 +525,21 @@ impl Backend for Cuda {
         oc: usize,
     ) {
         let n = inp.len / c;
-        let beta = match bias {
-            Some(bias) => {
-                // out = bias ⊗ 1: column-major outᵀ[OC, N] = bias[OC, 1]·1[1, N]
-                let ones = self.scratch(n, |s| &mut s.ones, 1.0);
-                self.gemm(
-                    shape(oc, n, 1, false, false, oc, 1, oc),
-                    1.0,
-                    bias.ptr,
-                    ones,
-                    0.0,
-                    out.ptr,
-                );
-                1.0
-            }
-            None => 0.0,
+        let ones = if bias.is_some() {
+            self.scratch(n, |s| &mut s.ones, 1.0)
+        } else {
+            0
         };
-        // outᵀ[OC, N] = (w stored as [C, OC] column-major)ᵀ · inpᵀ[C, N]
-        self.gemm(
-            shape(oc, n, c, true, false, c, c, oc),
-            1.0,
-            w.ptr,
-            inp.ptr,
-            beta,
+        self.exec(plan::matmul_forward(
             out.ptr,
-        );
+            inp.ptr,
+            w.ptr,
+            bias.map(|b| b.ptr),
+            ones,
+            n,
+            c,
+            oc,
+        ));
     }
     fn matmul_backward(
         &self,
@@ -562,36 +553,15 @@ impl Backend for Cuda {
         oc: usize,
     ) {
         let n = inp.len / c;
-        // dinpᵀ[C, N] += w[C, OC] · doutᵀ[OC, N]
-        self.gemm(
-            shape(c, n, oc, false, false, c, oc, c),
-            1.0,
-            w.ptr,
-            dout.ptr,
-            1.0,
-            dinp.ptr,
-        );
-        // dwᵀ[C, OC] += inpᵀ[C, N] · dout[N, OC]
-        self.gemm(
-            shape(c, oc, n, false, true, c, oc, c),
-            1.0,
-            inp.ptr,
-            dout.ptr,
-            1.0,
-            dw.ptr,
-        );
-        if let Some(db) = dbias {
-            // dbias[OC] += doutᵀ[OC, N] · 1[N]
-            let ones = self.scratch(n, |s| &mut s.ones, 1.0);
-            self.gemm(
-                shape(oc, 1, n, false, false, oc, n, oc),
-                1.0,
-                dout.ptr,
-                ones,
-                1.0,
-                db.ptr,
-            );
-        }
+        let ones = if dbias.is_some() {
+            self.scratch(n, |s| &mut s.ones, 1.0)
+        } else {
+            0
+        };
+        let db = dbias.map(|d| d.ptr);
+        self.exec(plan::matmul_backward(
+            dinp.ptr, dw.ptr, db, dout.ptr, inp.ptr, w.ptr, ones, n, c, oc,
+        ));
     }
     fn attention_forward(
         &self,
@@ -603,20 +573,7 @@ impl Backend for Cuda {
         c: usize,
         nh: usize,
     ) {
-        let hs = c / nh;
-        let scale = 1.0 / (hs as f32).sqrt();
-        for bi in 0..b {
-            let q = at(qkv.ptr, bi * t * 3 * c);
-            let a = at(att.ptr, bi * nh * t * t);
-            // att_hᵀ[T, T] = K_h · Q_hᵀ: K_hᵀ and Q_hᵀ are [HS, T] column-major with ld 3C
-            let s = batched(shape(t, t, hs, true, false, 3 * c, 3 * c, t), nh, hs, hs, t * t);
-            self.gemm(s, scale, at(q, c), q, 0.0, a);
-            // y_hᵀ[HS, T] = V_hᵀ[HS, T] · att_hᵀ[T, T]
-            let s = batched(shape(hs, t, t, false, false, 3 * c, t, c), nh, hs, t * t, hs);
-            // the softmax first, over this sequence's heads
-            self.run(|o| o.softmax_causal_forward(a, nh * t, t));
-            self.gemm(s, 1.0, at(q, 2 * c), a, 0.0, at(out.ptr, bi * t * c));
-        }
+        self.exec(plan::attention_forward(out.ptr, att.ptr, qkv.ptr, b, t, c, nh));
     }
     fn attention_backward(
         &self,
@@ -629,27 +586,10 @@ impl Backend for Cuda {
         c: usize,
         nh: usize,
     ) {
-        let hs = c / nh;
-        let scale = 1.0 / (hs as f32).sqrt();
         let datt = self.scratch(nh * t * t, |s| &mut s.datt, 0.0);
-        for bi in 0..b {
-            let (q, dq) = (at(qkv.ptr, bi * t * 3 * c), at(dqkv.ptr, bi * t * 3 * c));
-            let (a, dy) = (at(att.ptr, bi * nh * t * t), at(dout.ptr, bi * t * c));
-            // datt_hᵀ[T, T] = V_h · dY_hᵀ (V_hᵀ [HS, T] ld 3C transposed; dY_hᵀ [HS, T] ld C)
-            let s = batched(shape(t, t, hs, true, false, 3 * c, c, t), nh, hs, hs, t * t);
-            self.gemm(s, 1.0, at(q, 2 * c), dy, 0.0, datt);
-            // dV_hᵀ[HS, T] += dY_hᵀ[HS, T] · att_h[T, T]
-            let s = batched(shape(hs, t, t, false, true, c, t, 3 * c), nh, hs, t * t, hs);
-            self.gemm(s, 1.0, dy, a, 1.0, at(dq, 2 * c));
-            // datt becomes the gradient at the scaled scores
-            self.run(|o| o.softmax_causal_backward(datt, a, nh * t, t));
-            // dQ_hᵀ[HS, T] += scale · K_hᵀ[HS, T] · dS_hᵀ[T, T]
-            let s = batched(shape(hs, t, t, false, false, 3 * c, t, 3 * c), nh, hs, t * t, hs);
-            self.gemm(s, scale, at(q, c), datt, 1.0, dq);
-            // dK_hᵀ[HS, T] += scale · Q_hᵀ[HS, T] · dS_h[T, T]
-            let s = batched(shape(hs, t, t, false, true, 3 * c, t, 3 * c), nh, hs, t * t, hs);
-            self.gemm(s, scale, q, datt, 1.0, at(dq, c));
-        }
+        self.exec(plan::attention_backward(
+            dqkv.ptr, dout.ptr, qkv.ptr, att.ptr, datt, b, t, c, nh,
+        ));
     }
     fn gelu_forward(&self, out: DevMut<'_>, inp: DevRef<'_>) {
         self.run(|o| o.gelu_forward(out.ptr, inp.ptr, out.len));

@@ -20,6 +20,7 @@
 mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod plan;
 
 use std::ops::Range;
 
