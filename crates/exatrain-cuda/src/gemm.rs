@@ -57,6 +57,10 @@ pub struct Shape {
     pub ab: Ty,
     /// The type of C.
     pub c: Ty,
+    /// The alignment, bytes, every operand's address (and each batch's) is known to have:
+    /// cuBLASLt's heuristic assumes 256 unless told, and may pick an algorithm that faults on
+    /// a less aligned operand (a tensor at an odd offset of a flat buffer, a narrow head).
+    pub align: u32,
 }
 
 impl Shape {
@@ -77,6 +81,7 @@ impl Shape {
             stride_c: 0,
             ab,
             c,
+            align: 256,
         }
     }
 
@@ -198,6 +203,18 @@ impl Lt {
             )
         }
         .map_err(lt_err("workspace preference"))?;
+        for attr in [
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ] {
+            // SAFETY: `pref` is live; the alignments are uint32_t as documented.
+            unsafe {
+                result::set_matmul_pref_attribute(pref, attr, (&s.align) as *const u32 as *const _, size_of::<u32>())
+            }
+            .map_err(lt_err("alignment preference"))?;
+        }
         // SAFETY: every handle is live.
         let heuristic = unsafe {
             result::get_matmul_algo_heuristic(self.handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref)
@@ -226,6 +243,10 @@ impl Lt {
         beta: f32,
         c: CUdeviceptr,
     ) -> Result<(), GpuError> {
+        let s = &Shape {
+            align: s.align.min(alignment(s, [a, b, c])),
+            ..*s
+        };
         self.plan(s)?;
         let plan = &self.plans[s];
         let (handle, stream, ws_len) = (self.handle, self.stream.cu_stream(), self.workspace.len());
@@ -257,6 +278,22 @@ impl Lt {
 // time); cuBLASLt handles may move between host threads.
 unsafe impl Send for Lt {}
 
+/// The largest power of two, at most 256, dividing the three addresses and (batched) each
+/// operand's batch stride in bytes.
+pub fn alignment(s: &Shape, ptrs: [CUdeviceptr; 3]) -> u32 {
+    let mut x: u64 = 256;
+    for p in ptrs {
+        x |= p;
+    }
+    if s.batch > 1 {
+        x |= s.stride_a as u64 * s.ab.bytes() as u64;
+        x |= s.stride_b as u64 * s.ab.bytes() as u64;
+        x |= s.stride_c as u64 * s.c.bytes() as u64;
+    }
+    // the lowest set bit
+    (x & x.wrapping_neg()).min(256) as u32
+}
+
 impl Drop for Lt {
     fn drop(&mut self) {
         // SAFETY: each was created once by this handle and is destroyed once here.
@@ -269,5 +306,30 @@ impl Drop for Lt {
             }
             let _ = result::destroy_handle(self.handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_alignment_is_what_every_operand_and_batch_has() {
+        let s = Shape::plain(64, 64, 64, Ty::F32, Ty::F32);
+        assert_eq!(alignment(&s, [0x1000, 0x2000, 0x3000]), 256);
+        // a tensor 3 floats into a buffer: 4 bytes
+        assert_eq!(alignment(&s, [0x1000 + 12, 0x2000, 0x3000]), 4);
+        assert_eq!(alignment(&s, [0x1000, 0x2000 + 32, 0x3000]), 32);
+        // heads of 8 floats, batched: the strides are 32 bytes even where the bases are not
+        let b = Shape {
+            batch: 4,
+            stride_a: 8,
+            stride_b: 8,
+            stride_c: 64,
+            ..s
+        };
+        assert_eq!(alignment(&b, [0x1000, 0x2000, 0x3000]), 32);
+        // unbatched strides do not count
+        assert_eq!(alignment(&Shape { stride_a: 1, ..s }, [0x1000, 0x2000, 0x3000]), 256);
     }
 }
