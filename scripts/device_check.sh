@@ -7,7 +7,7 @@
 #   2. exatrain calibrate --device cuda: NVRTC for this device, cuBLASLt bf16 GEMMs over shapes
 #      (8192³ among them), beta = 1 into fp32, copy bandwidth -> a cluster spec (gpu.toml)
 #   3. the PyTorch GPT-2 124M baseline (eager, and torch.compile + SDPA flash)
-#   4. exatrain train --device cuda on GPT-2 124M (the all-fp32 mode), with nvidia-smi sampling
+#   4. exatrain train --device cuda on GPT-2 124M (fp32, TF32 GEMMs), with nvidia-smi sampling
 #      the device memory used, against what the planner counts
 set -u
 cd "$(dirname "$0")/.."
@@ -75,9 +75,9 @@ late = sorted(s["tokens_per_s"] for s in steps[2:]) or sorted(s["tokens_per_s"] 
 if late:
     tps = late[len(late) // 2]
     tf = sorted(s["model_tflops"] for s in steps[2:] or steps)[len(late) // 2]
-    print(f"| exatrain | fp32 (CUDA backend) | 8 | {tps:.0f} | {100 * tf / 989.4:.1f} | {peak_gib:.1f} |")
+    print(f"| exatrain | fp32, TF32 GEMMs (CUDA backend) | 8 | {tps:.0f} | {100 * tf / 989.4:.1f} | {peak_gib:.1f} |")
 else:
-    print("| exatrain | fp32 (CUDA backend) | 8 | did not run (see train.err) | - | - |")
+    print("| exatrain | fp32, TF32 GEMMs (CUDA backend) | 8 | did not run (see train.err) | - | - |")
 planned = re.search(r"the planner counts ([\d.]+) GiB", (out / "train.err").read_text(errors="replace")) if (out / "train.err").exists() else None
 print(f"exatrain peak device memory {peak_gib:.2f} GiB (nvidia-smi, whole process) vs the planner's {planned.group(1) if planned else 'n/a'} GiB")
 for line in (out / "torch.txt").read_text().splitlines():

@@ -14,6 +14,7 @@ mod study_cmd;
 mod table;
 mod train_cmd;
 mod train_gpu;
+mod train_ranks;
 mod tune_cmd;
 mod validate;
 mod validate_sources;

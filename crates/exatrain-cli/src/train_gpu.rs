@@ -29,8 +29,8 @@ pub fn run_ranks(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
     use crate::train_cmd;
 
     let gpu_err = |e: exatrain_cuda::GpuError| SpecError::new(format!("--device cuda: {e}"));
-    let n = train_cmd::ranks(run);
-    let first = Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?;
+    let n = crate::train_ranks::ranks(run);
+    let first = Cuda::open(a.gpu, Precision::Fp32, !a.no_tf32).map_err(gpu_err)?;
     let need = run_folder::rank_bytes(&run.spec, &run.pc)? * n as f64;
     first
         .gpu()
@@ -43,10 +43,10 @@ pub fn run_ranks(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
         .map_err(gpu_err)?;
     let mut backends = vec![first];
     for _ in 1..n {
-        backends.push(Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?);
+        backends.push(Cuda::open(a.gpu, Precision::Fp32, !a.no_tf32).map_err(gpu_err)?);
     }
     train_cmd::start(a, run)?;
-    train_cmd::in_process(a, run, backends)
+    crate::train_ranks::in_process(a, run, backends)
 }
 
 #[cfg(feature = "cuda")]
@@ -59,7 +59,7 @@ pub fn run(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
     use crate::train_cmd;
 
     let gpu_err = |e: exatrain_cuda::GpuError| SpecError::new(format!("--device cuda: {e}"));
-    let be = Cuda::open(a.gpu, Precision::Fp32).map_err(gpu_err)?;
+    let be = Cuda::open(a.gpu, Precision::Fp32, !a.no_tf32).map_err(gpu_err)?;
     // the planner's bytes of this layout in fp32 (what the trainer holds), checked before the
     // first allocation
     let need = run_folder::rank_bytes(&run.spec, &run.pc)?;
@@ -70,19 +70,25 @@ pub fn run(a: &TrainArgs, run: &Run) -> Result<(), SpecError> {
         )
         .map_err(gpu_err)?;
     let info = &be.gpu().info;
-    // MFU against the device's dense fp32 peak: the mode runs fp32 GEMMs (no TF32)
-    let peak = crate::calibrate_gpu::known_device(&info.name).map_or(f64::NAN, |k| k.1 * 1e12);
+    // MFU against the peak of the units the GEMMs run on: TF32 tensor cores (half the dense
+    // bf16 peak on A100, H100, H200, L40S) or the fp32 units
+    let (peak, units) = match crate::calibrate_gpu::known_device(&info.name) {
+        Some((_, fp32, _)) if a.no_tf32 => (fp32 * 1e12, "fp32"),
+        Some((bf16, _, _)) => (bf16 / 2.0 * 1e12, "dense TF32"),
+        None => (f64::NAN, ""),
+    };
     if !a.json {
         eprintln!(
-            "GPU {}: {} ({:.1} GiB free; the planner counts {:.2} GiB for this run), all-fp32 mode{}",
+            "GPU {}: {} ({:.1} GiB free; the planner counts {:.2} GiB for this run), fp32 mode with {} GEMMs{}",
             info.ordinal,
             info.name,
             info.free_bytes as f64 / (1u64 << 30) as f64,
             need / (1u64 << 30) as f64,
+            if a.no_tf32 { "fp32" } else { "TF32" },
             if peak.is_nan() {
-                "; its fp32 peak is not known here, so MFU is not reported".to_string()
+                "; its peak is not known here, so MFU is not reported".to_string()
             } else {
-                format!(", MFU against its {:.1} TFLOP/s fp32 peak", peak / 1e12)
+                format!(", MFU against its {:.1} TFLOP/s {units} peak", peak / 1e12)
             }
         );
     }

@@ -61,6 +61,10 @@ pub struct Shape {
     /// cuBLASLt's heuristic assumes 256 unless told, and may pick an algorithm that faults on
     /// a less aligned operand (a tensor at an odd offset of a flat buffer, a narrow head).
     pub align: u32,
+    /// fp32 operands multiplied on the tensor cores in TF32 (10-bit mantissa, fp32
+    /// accumulation: `CUBLAS_COMPUTE_32F_FAST_TF32`, what llm.c's fp32 build uses); no effect
+    /// on bf16 operands.
+    pub tf32: bool,
 }
 
 impl Shape {
@@ -82,6 +86,7 @@ impl Shape {
             ab,
             c,
             align: 256,
+            tf32: false,
         }
     }
 
@@ -139,11 +144,13 @@ impl Lt {
     }
 
     fn make_plan(&self, s: &Shape) -> Result<Plan, GpuError> {
-        let desc = result::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(lt_err("matmul descriptor"))?;
+        let compute = if s.tf32 && s.ab == Ty::F32 {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+        } else {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        };
+        let desc = result::create_matmul_desc(compute, sys::cudaDataType_t::CUDA_R_32F)
+            .map_err(lt_err("matmul descriptor"))?;
         let set_transpose = |attr: sys::cublasLtMatmulDescAttributes_t, t: bool| {
             let op = t as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
                                // SAFETY: `desc` is live; the attribute is a 32-bit cublasOperation_t.

@@ -92,6 +92,8 @@ pub struct Inner {
     lt: Mutex<Lt>,
     scratch: Mutex<Scratch>,
     failed: Mutex<Option<String>>,
+    /// fp32 GEMMs in TF32
+    tf32: bool,
 }
 
 // the host side of the backend is used by one thread at a time (one model per rank)
@@ -100,13 +102,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Cuda {
-    /// Open GPU `ordinal` in precision `p`: a clear error without a driver, a device or the
-    /// libraries, never a panic.
-    pub fn open(ordinal: usize, p: Precision) -> Result<Cuda, GpuError> {
+    /// Open GPU `ordinal` in precision `p`, its fp32 products in TF32 on the tensor cores when
+    /// `tf32` (else in full fp32, as the tests against the CPU need): a clear error without a
+    /// driver, a device or the libraries, never a panic.
+    pub fn open(ordinal: usize, p: Precision, tf32: bool) -> Result<Cuda, GpuError> {
         if p != Precision::Fp32 {
             return Err(GpuError::new(
-                "--precision bf16: the trainer's bf16 mode is not built yet (the kernels are; the activation \
-                 table does not yet keep the fp32 statistics apart); use --precision fp32",
+                "bf16: the trainer's bf16 mode is not built yet (the kernels are; the activation table does not \
+                 yet keep the fp32 statistics apart); the CUDA backend trains in fp32 (TF32 products)",
             ));
         }
         let gpu = device::open(ordinal)?;
@@ -116,6 +119,7 @@ impl Cuda {
             lt: Mutex::new(lt),
             scratch: Mutex::new(Scratch::default()),
             failed: Mutex::new(None),
+            tf32,
         })))
     }
 }
@@ -158,6 +162,7 @@ impl Inner {
                     (sh.transa, sh.transb) = (g.transa, g.transb);
                     (sh.lda, sh.ldb, sh.ldc) = (g.lda as i64, g.ldb as i64, g.ldc as i64);
                     sh.batch = g.batch as i32;
+                    sh.tf32 = self.tf32;
                     (sh.stride_a, sh.stride_b, sh.stride_c) = (g.stride_a as i64, g.stride_b as i64, g.stride_c as i64);
                     self.run(|_| {
                         // SAFETY: the plans address views of live buffers within their extents
