@@ -195,6 +195,49 @@ impl Inner {
         ops::ptr(slot.as_ref().expect("set above"), &self.gpu)
     }
 
+    /// `len` f32 from device address `ptr`, copied to the host (zeros after a failure).
+    fn to_host(&self, ptr: Ptr, len: usize) -> Vec<f32> {
+        let mut host = vec![0.0f32; len];
+        if len > 0 {
+            self.run(|o| {
+                // SAFETY: the address range lies inside a live allocation; the host vector has
+                // its length; the stream is synchronised before the host reads it.
+                unsafe { result::memcpy_dtoh_async(&mut host, ptr, o.gpu.stream.cu_stream()) }
+                    .map_err(|e| GpuError::new(format!("device → host: {e}")))
+            });
+            self.sync();
+        }
+        host
+    }
+
+    /// A buffer of `len` f32 from `make` (none when empty or after a failure; a failed
+    /// allocation is kept as the backend's error).
+    fn device_buf(
+        &self,
+        len: usize,
+        make: impl FnOnce() -> Result<CudaSlice<f32>, exatrain_cuda::cudarc::driver::DriverError>,
+    ) -> DevBuf {
+        let none = DevBuf {
+            _mem: None,
+            ptr: 0,
+            len,
+        };
+        if len == 0 || self.failed() {
+            return none;
+        }
+        match make() {
+            Ok(mem) => DevBuf {
+                ptr: ops::ptr(&mem, &self.gpu),
+                _mem: Some(mem),
+                len,
+            },
+            Err(e) => {
+                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", (len as u64 * F) >> 20));
+                none
+            }
+        }
+    }
+
     /// `ids` as i32 on the device (the token ids or targets of one call).
     fn ids(&self, ids: &[u32]) -> Ptr {
         let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
@@ -234,64 +277,13 @@ impl Backend for Cuda {
     type Mut<'a> = DevMut<'a>;
 
     fn upload(&self, host: Vec<f32>) -> DevBuf {
-        let len = host.len();
-        if len == 0 || self.failed() {
-            return DevBuf {
-                _mem: None,
-                ptr: 0,
-                len,
-            };
-        }
-        match self.gpu.stream.clone_htod(&host) {
-            Ok(mem) => {
-                let ptr = ops::ptr(&mem, &self.gpu);
-                DevBuf {
-                    _mem: Some(mem),
-                    ptr,
-                    len,
-                }
-            }
-            Err(e) => {
-                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", (len as u64 * F) >> 20));
-                DevBuf {
-                    _mem: None,
-                    ptr: 0,
-                    len,
-                }
-            }
-        }
+        self.device_buf(host.len(), || self.gpu.stream.clone_htod(&host))
     }
     fn alloc(&self, n: usize) -> DevBuf {
-        if n == 0 || self.failed() {
-            return DevBuf {
-                _mem: None,
-                ptr: 0,
-                len: n,
-            };
-        }
-        match self.gpu.stream.alloc_zeros::<f32>(n) {
-            Ok(mem) => {
-                let ptr = ops::ptr(&mem, &self.gpu);
-                DevBuf {
-                    _mem: Some(mem),
-                    ptr,
-                    len: n,
-                }
-            }
-            Err(e) => {
-                *lock(&self.failed) = Some(format!("allocating {} MiB on the GPU: {e}", (n as u64 * F) >> 20));
-                DevBuf {
-                    _mem: None,
-                    ptr: 0,
-                    len: n,
-                }
-            }
-        }
+        self.device_buf(n, || self.gpu.stream.alloc_zeros::<f32>(n))
     }
     fn download(&self, buf: &DevBuf) -> Vec<f32> {
-        let mut out = vec![0.0; buf.len];
-        self.with_host(Self::view(buf, &(0..buf.len)), |x| out.copy_from_slice(x));
-        out
+        self.to_host(buf.ptr, buf.len)
     }
     fn len(buf: &DevBuf) -> usize {
         buf.len
@@ -377,30 +369,12 @@ impl Backend for Cuda {
         });
     }
     fn with_host<T>(&self, r: DevRef<'_>, f: impl FnOnce(&[f32]) -> T) -> T {
-        let mut host = vec![0.0f32; r.len];
-        if r.len > 0 {
-            self.run(|o| {
-                // SAFETY: the view lies inside a live allocation; the host slice has its length;
-                // the stream is synchronised before the host reads it.
-                unsafe { result::memcpy_dtoh_async(&mut host, r.ptr, o.gpu.stream.cu_stream()) }
-                    .map_err(|e| GpuError::new(format!("device → host: {e}")))
-            });
-            self.sync();
-        }
         // after a failure the host sees zeros: collectives stay matched across ranks, and
         // `check` reports the failure at the next synchronisation point
-        f(&host)
+        f(&self.to_host(r.ptr, r.len))
     }
     fn with_host_mut<T>(&self, m: DevMut<'_>, f: impl FnOnce(&mut [f32]) -> T) -> T {
-        let mut host = vec![0.0f32; m.len];
-        if m.len > 0 {
-            self.run(|o| {
-                // SAFETY: as in `with_host`.
-                unsafe { result::memcpy_dtoh_async(&mut host, m.ptr, o.gpu.stream.cu_stream()) }
-                    .map_err(|e| GpuError::new(format!("device → host: {e}")))
-            });
-            self.sync();
-        }
+        let mut host = self.to_host(m.ptr, m.len);
         let out = f(&mut host);
         if m.len > 0 {
             self.run(|o| {
