@@ -191,8 +191,15 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // --- data parallel and the optimizer
     let (first_p, mid_p, last_p) = memory::stage_params(m, p, &st);
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
-    // gradients are reduced and weights gathered in the training dtype (see Dtype::grad_bytes)
-    let grad_bytes = params_dev * e;
+    // How the stack reduces gradients: Megatron-LM's (and the trainer's) bucketed overlap in the
+    // training dtype (see Dtype::grad_bytes), or DeepSpeed's fp32 all-reduce after the flush.
+    let red = c
+        .stack
+        .framework
+        .unwrap_or(exatrain_spec::Framework::MegatronLm)
+        .dp_reduction(p);
+    let grad_bytes = params_dev * red.grad_wire_bytes;
+    let weight_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
     // the backward and the forward part of one microbatch
     let (bwd_mb, fwd_mb) = (stage_c * 2.0 / 3.0, stage_c / 3.0);
@@ -201,10 +208,10 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // microbatch's backward except for the last bucket, which is ready only when backward ends;
     // the distributed optimizer's parameter all-gather (ZeRO-1/2) hides behind the next step's
     // first forward except for the first bucket, which the first layer waits for.
-    let bucket = (BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64) * e).min(grad_bytes);
+    let bucket = (BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64) * red.grad_wire_bytes).min(grad_bytes);
     let tail = if grad_bytes > 0.0 { bucket / grad_bytes } else { 0.0 };
     let hide = |t: f64, window: f64| {
-        if p.overlap_dp {
+        if red.overlapped {
             (t - window).max(t * tail)
         } else {
             t
@@ -223,15 +230,21 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb),
             2.0 * ring_bytes(grad_bytes),
         ),
+        1 if red.all_reduce => (
+            // DeepSpeed's BF16_Optimizer: the whole fp32 sum on every rank, then the gather
+            hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb)
+                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            2.0 * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
+        ),
         1 => (
             hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide(comm::all_gather(grad_bytes, dp, dp_link), fwd_mb),
-            2.0 * ring_bytes(grad_bytes),
+                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         2 => (
             mbf * hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide(comm::all_gather(grad_bytes, dp, dp_link), fwd_mb),
-            (mbf + 1.0) * ring_bytes(grad_bytes),
+                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            mbf * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         _ => {
             // ZeRO-3 / FSDP gathers each block's weights before its forward and its backward, and
@@ -239,16 +252,18 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             // overlap each block's collectives are prefetched one block ahead, so they hide
             // behind that block's compute only: a block whose collectives take longer than its
             // compute exposes the difference, and the first gather of each pass is exposed.
-            let per_block = grad_bytes / blocks;
-            let gather = comm::all_gather(per_block, dp, dp_link);
-            let per_blk_comm = 2.0 * gather + comm::reduce_scatter(per_block, dp, dp_link);
+            let gather = comm::all_gather(weight_bytes / blocks, dp, dp_link);
+            let per_blk_comm = 2.0 * gather + comm::reduce_scatter(grad_bytes / blocks, dp, dp_link);
             let per_blk_compute = (stage_c + stage_tp) / blocks;
-            let per_mb = if p.overlap_dp {
+            let per_mb = if red.overlapped {
                 blocks * (per_blk_comm - per_blk_compute).max(0.0) + 2.0 * gather
             } else {
                 blocks * per_blk_comm
             };
-            (mbf * per_mb, mbf * 3.0 * ring_bytes(grad_bytes))
+            (
+                mbf * per_mb,
+                mbf * (2.0 * ring_bytes(weight_bytes) + ring_bytes(grad_bytes)),
+            )
         }
     };
     // The tied embedding's gradient, all-reduced between the first and the last stage (pp > 1)

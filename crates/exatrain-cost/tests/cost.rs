@@ -685,3 +685,65 @@ fn a_measured_gemm_table_moves_the_compute_time() {
     assert!(a > 1.5 * b && a < 2.0 * b, "compute {b} → {a}");
     assert_eq!(before.memory_bytes.total, after.memory_bytes.total);
 }
+
+/// Megatron-DeepSpeed in bf16 with ZeRO-1 reduces as DeepSpeed's BF16_Optimizer does: the fp32
+/// gradients all-reduced after the pipeline's flush, then the bf16 weights all-gathered, with
+/// nothing overlapped (`overlap_dp` changes nothing); Megatron-LM reduce-scatters bf16
+/// gradients in buckets behind backward. The same layout's data-parallel time is priced by hand.
+#[test]
+fn deepspeed_reduces_fp32_gradients_after_the_flush() {
+    use exatrain_spec::Framework;
+    let lm = presets::cluster("jean-zay").unwrap();
+    let ds = lm.for_framework(Framework::MegatronDeepspeed);
+    let m = presets::model("gpt-175b").unwrap();
+    let cfg = ParallelConfig {
+        zero: 1,
+        ..ParallelConfig::new(4, 12, 8, 2, 16)
+    };
+    let p = plan(&m, &ds, &cfg).unwrap();
+    let no_overlap = plan(
+        &m,
+        &ds,
+        &ParallelConfig {
+            overlap_dp: false,
+            ..cfg
+        },
+    )
+    .unwrap();
+    assert_eq!(p.time_s.dp_comm, no_overlap.time_s.dp_comm);
+    // by hand: the busiest stage's parameters, fp32 all-reduce + bf16 all-gather over dp = 8
+    // ranks on 8 nodes (the NIC link), plus the tied embedding's bf16 all-reduce over 2 stages
+    let (first, mid, last) = memory::stage_params(&m, &cfg, &cfg.stage_layers(&m).unwrap());
+    let params = first.max(mid).max(last);
+    let dp_link = group_link(&ds, 8, cfg.stride(Dim::Dp));
+    let emb = m.padded_vocab as f64 * m.hidden as f64 / 4.0 * 2.0;
+    let pp_link = group_link(&ds, 2, cfg.stride(Dim::Pp) * 11);
+    let want = comm::all_reduce(params * 4.0, 8, dp_link)
+        + comm::all_gather(params * 2.0, 8, dp_link)
+        + comm::all_reduce(emb, 2, pp_link);
+    assert!(close(p.time_s.dp_comm, want, 1e-9), "{} vs {want}", p.time_s.dp_comm);
+    // Megatron-LM on the same layout exposes less than half of that (bf16, bucketed, overlapped)
+    let q = plan(&m, &lm, &cfg).unwrap();
+    assert!(
+        q.time_s.dp_comm < 0.5 * p.time_s.dp_comm,
+        "{} vs {}",
+        q.time_s.dp_comm,
+        p.time_s.dp_comm
+    );
+    // ZeRO-2 without a pipeline: DeepSpeed's overlap_comm hides the bucket reductions again
+    let z2 = ParallelConfig {
+        zero: 2,
+        ..ParallelConfig::new(8, 1, 48, 1, 96)
+    };
+    let on = plan(&m, &ds, &z2).unwrap();
+    let off = plan(
+        &m,
+        &ds,
+        &ParallelConfig {
+            overlap_dp: false,
+            ..z2
+        },
+    )
+    .unwrap();
+    assert!(on.time_s.dp_comm < off.time_s.dp_comm);
+}

@@ -72,7 +72,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
     let mut flags = model_flags(m, c.tp)?;
     flags.extend(layout_flags(c));
     flags.extend(megatron_training_flags(&["$DATA_ARGS"]));
-    let ds = serde_json::json!({
+    let mut ds = serde_json::json!({
         "train_batch_size": c.global_batch,
         "train_micro_batch_size_per_gpu": c.micro_batch,
         "gradient_accumulation_steps": c.microbatches(),
@@ -86,6 +86,11 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
         "steps_per_print": 1,
         "wall_clock_breakdown": false,
     });
+    if c.dtype == Dtype::Bf16 && c.zero <= 1 {
+        // DeepSpeed's BF16_Optimizer: fp32 gradient accumulation and reduction, as BLOOM ran,
+        // and what the planner prices (Framework::dp_reduction) and counts (Dtype::grad_bytes)
+        ds["data_types"] = serde_json::json!({ "grad_accum_dtype": "fp32" });
+    }
     let mut env = Vec::new();
     if c.tp > 1 {
         env.push((

@@ -105,6 +105,11 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     if c.overlap_tp && c.tp > 1 {
         f.push("--tp-comm-overlap".into());
     }
+    if c.dtype == Dtype::Bf16 && c.dp > 1 {
+        // the planner prices the gradient reduction in the training dtype (Dtype::grad_bytes),
+        // as NVIDIA's H100 examples run it; Megatron-LM's default for bf16 reduces in fp32
+        f.push("--grad-reduce-in-bf16".into());
+    }
     if c.overlap_dp && c.dp > 1 {
         f.push("--overlap-grad-reduce".into());
         if c.zero >= 1 {

@@ -56,11 +56,44 @@ impl Framework {
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
-            Framework::MegatronDeepspeed => 0.853,
+            Framework::MegatronDeepspeed => 0.894,
         }
     }
 
     /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
+    /// How this framework reduces the data-parallel gradients of a layout (and, with ZeRO-1,
+    /// gathers the updated weights), as exatrain's export runs it.
+    /// - Megatron-LM / torchtitan: bucketed, overlapped with backward when `overlap_dp`
+    ///   (`--overlap-grad-reduce`, FSDP2's hooks), on the wire in the training dtype
+    ///   (Megatron-LM: `--grad-reduce-in-bf16`, which the export passes; see [`Dtype::grad_bytes`]).
+    /// - Megatron-DeepSpeed in bf16 with ZeRO ≤ 1: DeepSpeed's `BF16_Optimizer` (fp32 gradient
+    ///   accumulation, `data_types.grad_accum_dtype = fp32` in the exported config, as BLOOM
+    ///   ran) all-reduces its fp32 gradients at the accumulation boundary — after the pipeline's
+    ///   flush (`_exec_reduce_grads`) or after the last backward — then all-gathers the updated
+    ///   bf16 weights; nothing overlaps compute.
+    /// - Megatron-DeepSpeed otherwise: ZeRO-1 reduces at the boundary too; `overlap_comm`
+    ///   overlaps ZeRO-2/3's bucket reductions with backward.
+    pub fn dp_reduction(self, c: &ParallelConfig) -> DpReduction {
+        let wire = c.dtype.bytes();
+        match self {
+            Framework::MegatronLm | Framework::Torchtitan => DpReduction {
+                overlapped: c.overlap_dp,
+                grad_wire_bytes: wire,
+                all_reduce: c.zero == 0,
+            },
+            Framework::MegatronDeepspeed if c.dtype == Dtype::Bf16 && c.zero <= 1 => DpReduction {
+                overlapped: false,
+                grad_wire_bytes: Dtype::Fp32.bytes(),
+                all_reduce: true,
+            },
+            Framework::MegatronDeepspeed => DpReduction {
+                overlapped: c.overlap_dp && c.zero >= 2,
+                grad_wire_bytes: wire,
+                all_reduce: c.zero == 0,
+            },
+        }
+    }
+
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
         let default_order = RankOrder::default();
         let uneven = c.stage_layers(m).is_ok_and(|s| !s.even());
@@ -157,6 +190,19 @@ impl Framework {
             }
         }
     }
+}
+
+/// How a data-parallel gradient reduction runs ([`Framework::dp_reduction`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DpReduction {
+    /// Bucketed and overlapped with backward (the exposed part is the last bucket); false: it
+    /// starts when the last microbatch's backward ends, and the ZeRO weight gather waits for it.
+    pub overlapped: bool,
+    /// Bytes of one gradient element on the wire.
+    pub grad_wire_bytes: f64,
+    /// Every rank receives the whole sum (all-reduce) rather than its shard (reduce-scatter),
+    /// even when the optimizer is sharded (DeepSpeed's `BF16_Optimizer`).
+    pub all_reduce: bool,
 }
 
 impl fmt::Display for Framework {
