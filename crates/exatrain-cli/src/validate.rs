@@ -310,7 +310,19 @@ pub fn read_runs(text: &str, origin: &str) -> Result<Vec<Run>, SpecError> {
     }
     let mut runs = Vec::new();
     for (i, r) in rdr.deserialize().enumerate() {
-        let run: Run = r.map_err(|e| SpecError::new(format!("{origin}: row {}: {e}", i + 1)))?;
+        let run: Run = r.map_err(|e| {
+            // name the column, not csv's field index
+            let column = match e.kind() {
+                csv::ErrorKind::Deserialize { err, .. } => err.field().and_then(|f| header.get(f as usize)),
+                _ => None,
+            };
+            match (column, e.kind()) {
+                (Some(c), csv::ErrorKind::Deserialize { err, .. }) => {
+                    SpecError::new(format!("{origin}: row {}: column `{c}`: {}", i + 1, err.kind()))
+                }
+                _ => SpecError::new(format!("{origin}: row {}: {e}", i + 1)),
+            }
+        })?;
         runs.push(run);
     }
     if runs.is_empty() {

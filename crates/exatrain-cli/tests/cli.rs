@@ -331,7 +331,7 @@ fn validate_rejects_a_bad_csv() {
     std::fs::write(&f, "name,layers\nx,notanumber\n").unwrap();
     let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("row 1"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("row 1: column `layers`"));
     let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured";
     let row = "r,1,24,2304,24,2048,51200,32,1,1,32,16,512,-,full,no,selene,hfu_tflops";
     for (text, says) in [
@@ -340,6 +340,10 @@ fn validate_rejects_a_bad_csv() {
             "column `colour` is not known",
         ),
         (format!("{header}\n{row},-5\n"), "measured must be a positive number"),
+        (
+            format!("{header}\n{row},137\n").replace(",32,1,1,32,", ",99999999999,1,1,32,"),
+            "row 1: column `gpus`: number too large",
+        ),
         (
             format!("{header},flash\n{row},137,maybe\n"),
             "flash `maybe` is not known (allowed: yes, no)",
