@@ -65,6 +65,11 @@ pub struct Run {
     /// TP communication overlap (--tp-comm-overlap): yes | no (default no)
     #[serde(default = "no")]
     pub overlap_tp: String,
+    /// data-parallel gradient reduction overlapped with backward (Megatron-LM's
+    /// --overlap-grad-reduce, from 2023; Megatron-LM of 2019-2022 reduced after backward):
+    /// yes (default) | no. Megatron-DeepSpeed's reduction is its own (`Framework::dp_reduction`)
+    #[serde(default = "yes")]
+    pub overlap_dp: String,
     /// the framework that ran it: megatron-lm (default) | megatron-deepspeed | torchtitan; the
     /// cluster's stack is carried to it (`ClusterSpec::for_framework`)
     #[serde(default = "megatron_lm")]
@@ -77,12 +82,15 @@ fn dash() -> String {
 fn no() -> String {
     "no".into()
 }
+fn yes() -> String {
+    "yes".into()
+}
 fn megatron_lm() -> String {
     "megatron-lm".into()
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 24] = [
+pub const COLUMNS: [&str; 25] = [
     "name",
     "params_b",
     "layers",
@@ -107,6 +115,7 @@ pub const COLUMNS: [&str; 24] = [
     "zero",
     "overlap_tp",
     "framework",
+    "overlap_dp",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -228,6 +237,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     let cfg = ParallelConfig {
         zero: run.zero,
         overlap_tp: yes_no(&run.overlap_tp, "overlap_tp", &run.name)?,
+        overlap_dp: yes_no(&run.overlap_dp, "overlap_dp", &run.name)?,
         recompute,
         sequence_parallel: yes_no(&run.seq_parallel, "seq_parallel", &run.name)?,
         flash_attention: yes_no(&run.flash, "flash", &run.name)?,

@@ -365,6 +365,42 @@ fn validate_rejects_a_bad_csv() {
     }
 }
 
+/// The `overlap_dp` column describes how the run reduced its gradients: the same Megatron-LM
+/// row reduced after backward (2019-2022 Megatron-LM) is predicted slower than with
+/// --overlap-grad-reduce; a Megatron-DeepSpeed row is priced by DeepSpeed's own reduction
+/// whatever the column says; a value other than yes/no is refused.
+#[test]
+fn validate_honours_how_a_run_reduced_its_gradients() {
+    let dir = std::env::temp_dir().join(format!("exatrain-val-dp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("runs.csv");
+    let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,framework,overlap_dp";
+    let row = "1,24,2304,24,2048,51200,256,1,1,256,4,1024,-,full,no,selene,hfu_tflops,137";
+    let text = format!(
+        "{header}\non,{row},megatron-lm,yes\noff,{row},megatron-lm,no\nds-on,{row},megatron-deepspeed,yes\nds-off,{row},megatron-deepspeed,no\n"
+    );
+    std::fs::write(&f, text).unwrap();
+    let out = exatrain(&["validate", "--json", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pred = |name: &str| {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["predicted"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(pred("off") < 0.99 * pred("on"), "{} vs {}", pred("off"), pred("on"));
+    assert_eq!(pred("ds-on"), pred("ds-off"));
+    std::fs::write(&f, format!("{header}\nx,{row},megatron-lm,maybe\n")).unwrap();
+    let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("overlap_dp `maybe` is not known (allowed: yes, no)"));
+}
+
 #[test]
 fn train_sample_and_export_hf_end_to_end() {
     let dir = std::env::temp_dir().join(format!("exatrain-cli-train-{}", std::process::id()));
