@@ -70,6 +70,11 @@ pub struct Run {
     /// yes (default) | no. Megatron-DeepSpeed's reduction is its own (`Framework::dp_reduction`)
     #[serde(default = "yes")]
     pub overlap_dp: String,
+    /// a model preset ("-": none, the default): its architecture (SwiGLU, GQA, RMSNorm, RoPE,
+    /// untied head, …) replaces the GPT-style one the shape columns describe, which must agree
+    /// with it (layers, hidden, heads, vocab); `seq` is the run's
+    #[serde(default = "dash")]
+    pub model: String,
     /// the framework that ran it: megatron-lm (default) | megatron-deepspeed | torchtitan; the
     /// cluster's stack is carried to it (`ClusterSpec::for_framework`)
     #[serde(default = "megatron_lm")]
@@ -90,7 +95,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 25] = [
+pub const COLUMNS: [&str; 26] = [
     "name",
     "params_b",
     "layers",
@@ -116,6 +121,7 @@ pub const COLUMNS: [&str; 25] = [
     "overlap_tp",
     "framework",
     "overlap_dp",
+    "model",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -209,6 +215,28 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         ..Default::default()
     };
     let model = field(model.resolve(&run.name), &run.name)?;
+    let model = match run.model.as_str() {
+        "-" | "" => model,
+        preset => {
+            let mut p = field(exatrain_spec::presets::model(preset), &run.name)?;
+            for (what, row, preset_value) in [
+                ("layers", run.layers, p.layers),
+                ("hidden", run.hidden, p.hidden),
+                ("heads", run.heads, p.heads),
+                ("vocab", run.vocab, p.vocab),
+            ] {
+                if row != preset_value {
+                    return Err(SpecError::new(format!(
+                        "run {}: {what} {row} disagrees with model {preset}'s {preset_value}",
+                        run.name
+                    )));
+                }
+            }
+            p.name = run.name.clone();
+            p.seq_len = model.seq_len;
+            p
+        }
+    };
     let framework: Framework = run.framework.parse().map_err(|_| {
         SpecError::new(format!(
             "run {}: framework `{}` is not known (allowed: {})",

@@ -353,6 +353,14 @@ fn validate_rejects_a_bad_csv() {
             "allowed: hfu_tflops, mfu, tflops, step_s",
         ),
         (
+            format!("{header},model\n{row},137,llama3-8b\n"),
+            "run r: layers 24 disagrees with model llama3-8b's 32",
+        ),
+        (
+            format!("{header},model\n{row},137,gpt-7\n"),
+            "--model gpt-7 is not a preset",
+        ),
+        (
             format!("{header},framework\n{row},137,nemo\n"),
             "framework `nemo` is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)",
         ),

@@ -2,7 +2,9 @@
 //! shape, bounded by HBM traffic), the attention core, and memory-bound element-wise ops.
 //! Times are for one microbatch on one device of a TP group, in seconds.
 
-use exatrain_spec::{ClusterSpec, Dtype, GemmCorrection, GemmEfficiency, Mlp, ModelSpec, ParallelConfig};
+use exatrain_spec::{
+    ClusterSpec, Dtype, Framework, GemmCorrection, GemmEfficiency, Mlp, ModelSpec, ParallelConfig, SelectiveRecompute,
+};
 
 /// What a device delivers for a given number format.
 #[derive(Debug, Clone)]
@@ -16,6 +18,9 @@ pub struct Device {
     pub gemm_table: GemmCorrection,
     /// The software stack's multiplier on the GEMM curve (`ClusterSpec.stack`).
     pub stack: f64,
+    /// What the stack's selective recomputation redoes (Megatron-LM's when the stack names no
+    /// framework: the trainer recomputes as Megatron does).
+    pub selective: SelectiveRecompute,
 }
 
 impl Device {
@@ -30,6 +35,7 @@ impl Device {
             gemm: c.device.gemm,
             gemm_table: GemmCorrection::new(&c.device.gemm, &c.device.gemm_table),
             stack: c.stack.compute_efficiency,
+            selective: c.stack.framework.unwrap_or(Framework::MegatronLm).selective_recompute(),
         }
     }
 
@@ -135,8 +141,12 @@ pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let bwd = 2.0 * fwd.gemm + core_bwd + 2.0 * fwd.elementwise;
     let recompute = match p.recompute {
         exatrain_spec::Recompute::None => 0.0,
-        exatrain_spec::Recompute::Selective if p.flash_attention => 0.0, // nothing s² is stored anyway
-        exatrain_spec::Recompute::Selective => fwd.core,
+        exatrain_spec::Recompute::Selective => {
+            let r = d.selective;
+            // flash attention keeps no s×s tensor: its core is never recomputed
+            let core = if p.flash_attention { 0.0 } else { r.core * fwd.core };
+            r.gemm * fwd.gemm + core + r.elementwise * fwd.elementwise
+        }
         exatrain_spec::Recompute::Full => fwd.total(),
     };
     fwd.total() + bwd + recompute

@@ -747,3 +747,47 @@ fn deepspeed_reduces_fp32_gradients_after_the_flush() {
     .unwrap();
     assert!(on.time_s.dp_comm < off.time_s.dp_comm);
 }
+
+/// Selective recomputation is what each framework's exported option recomputes: Megatron's
+/// `--recompute-granularity selective` redoes only the attention core (nothing with flash),
+/// torchtitan's op-level SelectiveAC every other matmul and every element-wise op.
+#[test]
+fn selective_recomputation_is_the_frameworks_own() {
+    use exatrain_cost::compute::{block_forward, block_train, Device};
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("dgx-h100").unwrap();
+    let tt = lm.for_framework(Framework::Torchtitan);
+    let m = presets::model("llama3-8b").unwrap();
+    let flash = ParallelConfig {
+        flash_attention: true,
+        recompute: Recompute::Selective,
+        ..ParallelConfig::new(1, 1, 8, 1, 8)
+    };
+    let none = ParallelConfig {
+        recompute: Recompute::None,
+        ..flash
+    };
+    let (dl, dt) = (Device::new(&lm, Dtype::Bf16), Device::new(&tt, Dtype::Bf16));
+    // Megatron-LM with flash attention: selective costs nothing
+    assert_eq!(block_train(&m, &flash, &dl), block_train(&m, &none, &dl));
+    // torchtitan: half the GEMMs and all element-wise ops again
+    let f = block_forward(&m, &flash, &dt);
+    let extra = block_train(&m, &flash, &dt) - block_train(&m, &none, &dt);
+    assert!(close(extra, 0.5 * f.gemm + f.elementwise, 1e-12), "{extra}");
+    // without flash, Megatron's selective redoes exactly the core
+    let unfused = ParallelConfig {
+        flash_attention: false,
+        ..flash
+    };
+    let g = block_forward(&m, &unfused, &dl);
+    let extra = block_train(&m, &unfused, &dl)
+        - block_train(
+            &m,
+            &ParallelConfig {
+                recompute: Recompute::None,
+                ..unfused
+            },
+            &dl,
+        );
+    assert!(close(extra, g.core, 1e-12));
+}

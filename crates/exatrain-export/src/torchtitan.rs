@@ -77,6 +77,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
          \x20   t.num_tokens_per_train_step = {gb} * {seq}  # global batch {gb}\n\
          \x20   t.max_context_length = {seq}\n\
          \x20   t.mixed_precision_param = \"bfloat16\"\n\
+         \x20   t.mixed_precision_reduce = \"float32\"  # FSDP's gradient reduction, as planned\n\
          \x20   t.steps = int(os.environ.get(\"TRAIN_ITERS\", \"100\"))  # PLACEHOLDER: iterations\n\
          \x20   config.dump_folder = os.environ.get(\"CKPT_DIR\", \"outputs/{name}\")  # PLACEHOLDER: checkpoints, logs\n\
          \x20   # PLACEHOLDER: data, tokenizer and learning rate are {base}()'s (C4 through Hugging Face\n\

@@ -63,9 +63,11 @@ impl Framework {
     /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
     /// How this framework reduces the data-parallel gradients of a layout (and, with ZeRO-1,
     /// gathers the updated weights), as exatrain's export runs it.
-    /// - Megatron-LM / torchtitan: bucketed, overlapped with backward when `overlap_dp`
-    ///   (`--overlap-grad-reduce`, FSDP2's hooks), on the wire in the training dtype
-    ///   (Megatron-LM: `--grad-reduce-in-bf16`, which the export passes; see [`Dtype::grad_bytes`]).
+    /// - Megatron-LM: bucketed, overlapped with backward when `overlap_dp`
+    ///   (`--overlap-grad-reduce`), on the wire in the training dtype (`--grad-reduce-in-bf16`,
+    ///   which the export passes; see [`Dtype::grad_bytes`]).
+    /// - torchtitan: FSDP2's hooks overlap as Megatron's buckets do; its gradients reduce in fp32
+    ///   (`training.mixed_precision_reduce = "float32"`, its default, which the export keeps).
     /// - Megatron-DeepSpeed in bf16 with ZeRO ≤ 1: DeepSpeed's `BF16_Optimizer` (fp32 gradient
     ///   accumulation, `data_types.grad_accum_dtype = fp32` in the exported config, as BLOOM
     ///   ran) all-reduces its fp32 gradients at the accumulation boundary — after the pipeline's
@@ -76,9 +78,14 @@ impl Framework {
     pub fn dp_reduction(self, c: &ParallelConfig) -> DpReduction {
         let wire = c.dtype.bytes();
         match self {
-            Framework::MegatronLm | Framework::Torchtitan => DpReduction {
+            Framework::MegatronLm => DpReduction {
                 overlapped: c.overlap_dp,
                 grad_wire_bytes: wire,
+                all_reduce: c.zero == 0,
+            },
+            Framework::Torchtitan => DpReduction {
+                overlapped: c.overlap_dp,
+                grad_wire_bytes: Dtype::Fp32.bytes(),
                 all_reduce: c.zero == 0,
             },
             Framework::MegatronDeepspeed if c.dtype == Dtype::Bf16 && c.zero <= 1 => DpReduction {
@@ -90,6 +97,27 @@ impl Framework {
                 overlapped: c.overlap_dp && c.zero >= 2,
                 grad_wire_bytes: wire,
                 all_reduce: c.zero == 0,
+            },
+        }
+    }
+
+    /// What this framework's selective recomputation redoes in backward, as shares of one
+    /// block's forward ([`Recompute::Selective`]; exatrain's exports ask for exactly this).
+    /// - Megatron-LM / Megatron-DeepSpeed (`--recompute-granularity selective`): the attention
+    ///   core only (nothing with flash attention, which keeps no s×s tensor).
+    /// - torchtitan (`SelectiveAC`, op mode): every op's output is recomputed except SDPA's and
+    ///   every other matmul's, so half the block's GEMMs and all its element-wise ops.
+    pub fn selective_recompute(self) -> SelectiveRecompute {
+        match self {
+            Framework::MegatronLm | Framework::MegatronDeepspeed => SelectiveRecompute {
+                gemm: 0.0,
+                core: 1.0,
+                elementwise: 0.0,
+            },
+            Framework::Torchtitan => SelectiveRecompute {
+                gemm: 0.5,
+                core: 0.0,
+                elementwise: 1.0,
             },
         }
     }
@@ -190,6 +218,18 @@ impl Framework {
             }
         }
     }
+}
+
+/// Shares of one block's forward that selective recomputation runs again
+/// ([`Framework::selective_recompute`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SelectiveRecompute {
+    /// of the four weight GEMMs
+    pub gemm: f64,
+    /// of the attention core (QKᵀ, softmax, ·V) when it is not flash attention
+    pub core: f64,
+    /// of the norms, activation, residual and rotary ops
+    pub elementwise: f64,
 }
 
 /// How a data-parallel gradient reduction runs ([`Framework::dp_reduction`]).
