@@ -20,6 +20,11 @@ pub struct PlanArgs {
     /// instead of the flags.
     #[arg(long, conflicts_with_all = ["model", "cluster"])]
     pub run: Option<std::path::PathBuf>,
+    /// Price the layout as this framework runs it (megatron-lm, megatron-deepspeed,
+    /// torchtitan): its kernel efficiency, gradient reduction and selective recomputation. Default:
+    /// the framework the cluster's stack was measured with (the presets: megatron-lm).
+    #[arg(long)]
+    pub framework: Option<String>,
 }
 
 pub fn run(a: PlanArgs) -> Result<(), SpecError> {
@@ -37,6 +42,10 @@ pub fn run(a: PlanArgs) -> Result<(), SpecError> {
             let cfg = a.layout.config(&model)?;
             (model, cluster, cfg)
         }
+    };
+    let cluster = match a.framework.as_deref() {
+        Some(f) => cluster.for_framework(f.parse()?),
+        None => cluster,
     };
     let p = plan(&model, &cluster, &cfg)?;
     if a.json {

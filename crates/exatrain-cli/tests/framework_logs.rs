@@ -26,9 +26,18 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// The planner's step time for a layout under `cluster`.
-fn step(cluster: &str, model: &str, layout: &[&str]) -> f64 {
-    let mut args = vec!["plan", "--json", "--model", model, "--cluster", cluster];
+/// The planner's step time for a layout under `cluster`, as `framework` runs it.
+fn step(cluster: &str, framework: &str, model: &str, layout: &[&str]) -> f64 {
+    let mut args = vec![
+        "plan",
+        "--json",
+        "--model",
+        model,
+        "--cluster",
+        cluster,
+        "--framework",
+        framework,
+    ];
     args.extend(layout);
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&args))).unwrap();
     v["step_time_s"].as_f64().unwrap()
@@ -68,7 +77,7 @@ const DEEPSPEED_LAYOUT: [&str; 12] = [
 
 fn megatron_log(dir: &Path) -> PathBuf {
     // Megatron-LM with its argument dump (no run file): llama2-7b, tp 2 × pp 2 × dp 4
-    let t = SLOW * step("dgx-h100", "llama2-7b", &MEGATRON_LAYOUT);
+    let t = SLOW * step("dgx-h100", "megatron-lm", "llama2-7b", &MEGATRON_LAYOUT);
     let mut s = String::from("------------------------ arguments ------------------------\n");
     for (k, v) in [
         ("add_bias_linear", "False"),
@@ -132,7 +141,7 @@ fn with_run_file(dir: &Path, stem: &str, model: &str, layout: &[&str]) {
 fn deepspeed_log(dir: &Path) -> PathBuf {
     let layout = DEEPSPEED_LAYOUT;
     with_run_file(dir, "deepspeed", "llama2-7b", &layout);
-    let t = SLOW * step("dgx-h100", "llama2-7b", &layout);
+    let t = SLOW * step("dgx-h100", "megatron-deepspeed", "llama2-7b", &layout);
     let mut s = String::new();
     for i in 1..=5 {
         s.push_str(&format!(
@@ -167,7 +176,7 @@ fn torchtitan_log(dir: &Path) -> PathBuf {
         "full",
     ];
     with_run_file(dir, "titan", "llama3-8b", &layout);
-    let t = SLOW * step("dgx-h100", "llama3-8b", &layout);
+    let t = SLOW * step("dgx-h100", "torchtitan", "llama3-8b", &layout);
     let tps = 64.0 * 8192.0 / (t * 64.0);
     let mut s = String::new();
     for i in 1..=5 {
@@ -214,12 +223,13 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
         "{text}"
     );
     // the fitted spec predicts each log's step time
-    for (model, layout) in [
-        ("llama2-7b", MEGATRON_LAYOUT.to_vec()),
-        ("llama2-7b", DEEPSPEED_LAYOUT.to_vec()),
+    for (framework, layout) in [
+        ("megatron-lm", MEGATRON_LAYOUT.to_vec()),
+        ("megatron-deepspeed", DEEPSPEED_LAYOUT.to_vec()),
     ] {
-        let base = step("dgx-h100", model, &layout);
-        let got = step(fitted.to_str().unwrap(), model, &layout);
+        let model = "llama2-7b";
+        let base = step("dgx-h100", framework, model, &layout);
+        let got = step(fitted.to_str().unwrap(), framework, model, &layout);
         assert!(
             (got / (SLOW * base) - 1.0).abs() < 0.08,
             "{model} {layout:?}: {got} vs {}",
@@ -244,7 +254,10 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
         .map(|r| r["rel_error"].as_f64().unwrap())
         .collect();
     assert_eq!(steps.len(), 3, "{v}");
-    assert!(steps.iter().all(|e| e.abs() < 0.08), "{steps:?}");
+    // within 10 %: the logs are slower in every term, the fit moves only compute and bandwidth
+    // (step times cannot tell memory and latency from them), and the DeepSpeed run's exposed
+    // fp32 gradient all-reduce puts more of its step in the kept latency term
+    assert!(steps.iter().all(|e| e.abs() < 0.10), "{steps:?}");
     // and projects the full training with it
     let days = |cluster: &str| {
         let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
@@ -427,7 +440,7 @@ fn published_runs_fit_the_cluster_they_ran_on() {
         "--out",
         out.to_str().unwrap(),
     ]));
-    assert!(text.contains("fitted 21 runs"), "{text}");
+    assert!(text.contains("fitted 27 runs"), "{text}");
     assert!(out.is_file());
     let o = exatrain(&[
         "calibrate",
