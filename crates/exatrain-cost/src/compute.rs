@@ -21,6 +21,10 @@ pub struct Device {
     /// What the stack's selective recomputation redoes (Megatron-LM's when the stack names no
     /// framework: the trainer recomputes as Megatron does).
     pub selective: SelectiveRecompute,
+    /// Bytes the loss moves per logit element, forward and backward: the framework's unfused fp32
+    /// cross-entropy, or the trainer's fused classifier (max, exp-sum, gradient: 3 fp32 passes)
+    /// when the stack names no framework.
+    pub loss_bytes: f64,
 }
 
 impl Device {
@@ -36,6 +40,7 @@ impl Device {
             gemm_table: GemmCorrection::new(&c.device.gemm, &c.device.gemm_table),
             stack: c.stack.compute_efficiency,
             selective: c.stack.framework.unwrap_or(Framework::MegatronLm).selective_recompute(),
+            loss_bytes: c.stack.framework.map_or(12.0, |f| f.loss_bytes_per_logit(dtype)),
         }
     }
 
@@ -169,7 +174,7 @@ pub fn head_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let v = m.padded_vocab as f64 / p.tp as f64;
     let e = p.dtype.bytes();
     let logits = d.gemm(1.0, tokens, v, h, e);
-    let ce = d.stream(tokens * v * 4.0 * 3.0); // max, exp-sum, gradient
+    let ce = d.stream(tokens * v * d.loss_bytes);
     let norm = d.stream(2.0 * tokens * h * e);
     3.0 * (logits + norm) + ce
 }

@@ -51,8 +51,9 @@ impl Framework {
     /// `ClusterSpec::for_framework`). Megatron-DeepSpeed: the stack factor fitted to its two
     /// published sources in `data/published-runs.csv` (BLOOM-176B on Jean Zay, MT-NLG 530B on
     /// Selene) over the one fitted to the Megatron-LM sources (Narayanan 2021, Korthikanti 2022,
-    /// the H100 table, Shoeybi 2019); `tests/cli.rs` refits it from the file. torchtitan: no
-    /// published run with its layout is in the file, so Megatron-LM's (an assumption).
+    /// the H100 table, Shoeybi 2019); `tests/cli.rs` refits it from the file. torchtitan:
+    /// Megatron-LM's (an assumption); its own source (`torchtitan-a100`) is left unfitted, a
+    /// blind check of the carry-over (its runs alone would ask ×0.932).
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
@@ -120,6 +121,25 @@ impl Framework {
                 elementwise: 1.0,
             },
         }
+    }
+
+    /// Bytes the loss moves per logit element (forward and backward), logits in `dtype`. Each
+    /// framework computes the cross-entropy in fp32 with unfused PyTorch ops:
+    /// - Megatron-LM / Megatron-DeepSpeed (`vocab_parallel_cross_entropy`, no
+    ///   `--cross-entropy-loss-fusion`): upcast, max, subtract, exp, sum, divide; backward a
+    ///   multiply and the downcast — 4 + 8 + 8 + 4 + 8 + 8 = 40 fp32 bytes, plus 2 × (e + 4) for
+    ///   the casts when the logits are not fp32.
+    /// - torchtitan (`cross_entropy(pred.float(), …)`): upcast, log-softmax (max, sum-exp, write:
+    ///   three reads, one write), the NLL gradient (a written zero tensor), the log-softmax
+    ///   backward (two reads for the sum, two reads and a write) — 16 + 4 + 20 = 40, plus the casts.
+    pub fn loss_bytes_per_logit(self, dtype: Dtype) -> f64 {
+        let casts = match dtype {
+            Dtype::Fp32 => 0.0,
+            Dtype::Bf16 => 2.0 * (dtype.bytes() + 4.0),
+        };
+        // the same count for the three; a framework with a fused loss would move less
+        let _ = self;
+        40.0 + casts
     }
 
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {

@@ -1,0 +1,75 @@
+//! What a framework's stack changes in the price of a layout: its selective recomputation
+//! and its loss (`Framework::selective_recompute`, `Framework::loss_bytes_per_logit`).
+
+use exatrain_spec::{presets, ParallelConfig, Recompute};
+
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * b.abs().max(1e-300)
+}
+
+/// Selective recomputation is what each framework's exported option recomputes: Megatron's
+/// `--recompute-granularity selective` redoes only the attention core (nothing with flash),
+/// torchtitan's op-level SelectiveAC every other matmul and every element-wise op.
+#[test]
+fn selective_recomputation_is_the_frameworks_own() {
+    use exatrain_cost::compute::{block_forward, block_train, Device};
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("dgx-h100").unwrap();
+    let tt = lm.for_framework(Framework::Torchtitan);
+    let m = presets::model("llama3-8b").unwrap();
+    let flash = ParallelConfig {
+        flash_attention: true,
+        recompute: Recompute::Selective,
+        ..ParallelConfig::new(1, 1, 8, 1, 8)
+    };
+    let none = ParallelConfig {
+        recompute: Recompute::None,
+        ..flash
+    };
+    let (dl, dt) = (Device::new(&lm, Dtype::Bf16), Device::new(&tt, Dtype::Bf16));
+    // Megatron-LM with flash attention: selective costs nothing
+    assert_eq!(block_train(&m, &flash, &dl), block_train(&m, &none, &dl));
+    // torchtitan: half the GEMMs and all element-wise ops again
+    let f = block_forward(&m, &flash, &dt);
+    let extra = block_train(&m, &flash, &dt) - block_train(&m, &none, &dt);
+    assert!(close(extra, 0.5 * f.gemm + f.elementwise, 1e-12), "{extra}");
+    // without flash, Megatron's selective redoes exactly the core
+    let unfused = ParallelConfig {
+        flash_attention: false,
+        ..flash
+    };
+    let g = block_forward(&m, &unfused, &dl);
+    let extra = block_train(&m, &unfused, &dl)
+        - block_train(
+            &m,
+            &ParallelConfig {
+                recompute: Recompute::None,
+                ..unfused
+            },
+            &dl,
+        );
+    assert!(close(extra, g.core, 1e-12));
+}
+
+#[test]
+fn the_loss_is_priced_as_each_stack_computes_it() {
+    use exatrain_cost::compute::{head_train, Device};
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("dgx-h100").unwrap();
+    let mut trainer = lm.clone();
+    trainer.stack.framework = None;
+    let m = presets::model("llama3-8b").unwrap();
+    let p = ParallelConfig::new(2, 1, 4, 1, 8);
+    let logits = p.micro_batch as f64 * m.seq_len as f64 * m.padded_vocab as f64 / p.tp as f64;
+    let (dl, dt) = (Device::new(&lm, Dtype::Bf16), Device::new(&trainer, Dtype::Bf16));
+    // Megatron's unfused fp32 cross-entropy moves 52 bytes per bf16 logit, the trainer's fused
+    // classifier 12: the head differs by exactly the 40 bytes' streaming time
+    assert_eq!(Framework::MegatronLm.loss_bytes_per_logit(Dtype::Bf16), 52.0);
+    assert_eq!(Framework::Torchtitan.loss_bytes_per_logit(Dtype::Fp32), 40.0);
+    let extra = head_train(&m, &p, &dl) - head_train(&m, &p, &dt);
+    assert!(close(extra, dl.stream(40.0 * logits), 1e-9), "{extra}");
+    // and it shows in the plan: a large-vocabulary model on one stage runs slower under the stack
+    let slow = exatrain_cost::plan(&m, &lm, &p).unwrap().time_s.total();
+    let fast = exatrain_cost::plan(&m, &trainer, &p).unwrap().time_s.total();
+    assert!(slow > fast, "{slow} vs {fast}");
+}
