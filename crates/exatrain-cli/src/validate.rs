@@ -394,6 +394,13 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
     }
     if a.fit {
         let cases: Vec<Case> = runs.iter().map(to_case).collect::<Result<_, _>>()?;
+        // two parameters, and every leave-one-out fit still needs two runs
+        if cases.len() < 3 {
+            return Err(SpecError::new(format!(
+                "--fit needs at least 3 runs (it fits max_efficiency and half_size, and refits them leaving each run out); the file has {}",
+                cases.len()
+            )));
+        }
         let name = &cases[0].cluster.name;
         if let Some(c) = cases.iter().find(|c| &c.cluster.name != name) {
             return Err(SpecError::new(format!(

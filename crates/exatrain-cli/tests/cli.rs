@@ -371,6 +371,12 @@ fn validate_rejects_a_bad_csv() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(says), "expected `{says}` in: {err}");
     }
+    // a GEMM-curve fit of two parameters, refitted leaving each run out, needs 3 runs
+    std::fs::write(&f, format!("{header}\n{row},137\n{row},140\n")).unwrap();
+    let out = exatrain(&["validate", "--fit", "--runs", f.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--fit needs at least 3 runs"), "{err}");
 }
 
 /// The `overlap_dp` column describes how the run reduced its gradients: the same Megatron-LM
