@@ -16,6 +16,7 @@ mod train_cmd;
 mod train_gpu;
 mod train_ranks;
 mod tune_cmd;
+mod tune_exhaustive;
 mod validate;
 mod validate_sources;
 
