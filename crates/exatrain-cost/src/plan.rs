@@ -260,8 +260,14 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             } else {
                 blocks * per_blk_comm
             };
+            // the framework's own copies around the collectives (FSDP2's copy-out and
+            // reduce-scatter copy-in), on the compute stream
+            let copies = c
+                .stack
+                .framework
+                .map_or(0.0, |f| d.stream(params_dev * f.zero3_copy_bytes_per_param(p.dtype)));
             (
-                mbf * per_mb,
+                mbf * (per_mb + copies),
                 mbf * (2.0 * ring_bytes(weight_bytes) + ring_bytes(grad_bytes)),
             )
         }

@@ -73,3 +73,39 @@ fn the_loss_is_priced_as_each_stack_computes_it() {
     let fast = exatrain_cost::plan(&m, &trainer, &p).unwrap().time_s.total();
     assert!(slow > fast, "{slow} vs {fast}");
 }
+
+/// FSDP2 (torchtitan's ZeRO-3) copies each gathered parameter out twice and each gradient into
+/// the fp32 reduce-scatter input: 14 bytes per bf16 parameter per microbatch, exposed on the
+/// compute stream, so they scale with HBM bandwidth while the hidden collectives do not.
+#[test]
+fn fsdp2_pays_for_its_copies_and_megatron_fsdp_does_not() {
+    use exatrain_cost::compute::Device;
+    use exatrain_spec::{Dtype, Framework};
+    assert_eq!(Framework::Torchtitan.zero3_copy_bytes_per_param(Dtype::Bf16), 14.0);
+    assert_eq!(Framework::MegatronLm.zero3_copy_bytes_per_param(Dtype::Bf16), 0.0);
+    let m = presets::model("llama3-8b").unwrap();
+    let p = ParallelConfig {
+        zero: 3,
+        flash_attention: true,
+        ..ParallelConfig::new(1, 1, 8, 1, 8)
+    };
+    let dp_comm = |c: &exatrain_spec::ClusterSpec| exatrain_cost::plan(&m, c, &p).unwrap();
+    let tt = presets::cluster("dgx-h100")
+        .unwrap()
+        .for_framework(Framework::Torchtitan);
+    let mut fast = tt.clone();
+    fast.device.hbm_gbps *= 2.0;
+    let (slow_plan, fast_plan) = (dp_comm(&tt), dp_comm(&fast));
+    // one node, one microbatch: the collectives hide behind each block, so the difference is
+    // exactly the copies' time at the two bandwidths
+    let bytes = slow_plan.params * 14.0;
+    let want = Device::new(&tt, Dtype::Bf16).stream(bytes) - Device::new(&fast, Dtype::Bf16).stream(bytes);
+    let got = slow_plan.time_s.dp_comm - fast_plan.time_s.dp_comm;
+    assert!(close(got, want, 1e-9), "{got} vs {want}");
+    // Megatron-FSDP's parameters are views of its buffer: the same change moves nothing there
+    let lm = presets::cluster("dgx-h100").unwrap();
+    let mut lm_fast = lm.clone();
+    lm_fast.device.hbm_gbps *= 2.0;
+    let d = dp_comm(&lm).time_s.dp_comm - dp_comm(&lm_fast).time_s.dp_comm;
+    assert!(d.abs() < 1e-12, "{d}");
+}

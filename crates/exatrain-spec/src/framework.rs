@@ -53,7 +53,7 @@ impl Framework {
     /// Selene) over the one fitted to the Megatron-LM sources (Narayanan 2021, Korthikanti 2022,
     /// the H100 table, Shoeybi 2019); `tests/cli.rs` refits it from the file. torchtitan:
     /// Megatron-LM's (an assumption); its own source (`torchtitan-a100`) is left unfitted, a
-    /// blind check of the carry-over (its runs alone would ask ×0.932).
+    /// blind check of the carry-over (its runs alone would ask ×0.965).
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
@@ -140,6 +140,21 @@ impl Framework {
         // the same count for the three; a framework with a fused loss would move less
         let _ = self;
         40.0 + casts
+    }
+
+    /// Bytes this framework's ZeRO-3 copies per parameter of the stage, per microbatch, besides
+    /// the collectives: memory-bound passes on the compute stream, exposed.
+    /// - torchtitan (FSDP2, `fully_shard`): each all-gather's output is copied out into the
+    ///   per-parameter tensors (read and write, 2e), twice (forward, and backward after
+    ///   `reshard_after_forward`), and the gradients are copied into the reduce-scatter input in
+    ///   fp32 (`reduce_dtype`: read e, write 4): 5e + 4, 14 bytes in bf16.
+    /// - Megatron-LM (Megatron-FSDP) and Megatron-DeepSpeed (ZeRO-3): the parameters are views of
+    ///   the gathered buffer; nothing is counted.
+    pub fn zero3_copy_bytes_per_param(self, dtype: Dtype) -> f64 {
+        match self {
+            Framework::Torchtitan => 5.0 * dtype.bytes() + 4.0,
+            Framework::MegatronLm | Framework::MegatronDeepspeed => 0.0,
+        }
     }
 
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
