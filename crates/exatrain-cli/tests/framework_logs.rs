@@ -236,6 +236,32 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
             SLOW * base
         );
     }
+    // fidelity prices each log as its own framework runs it: against the preset every log is
+    // exactly SLOW × its plan (a DeepSpeed log priced as Megatron-LM would be 9 % off)
+    let fid = |cluster: &str| -> Vec<f64> {
+        let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
+            "fidelity",
+            "--runs",
+            d.to_str().unwrap(),
+            "--cluster",
+            cluster,
+            "--json",
+        ])))
+        .unwrap();
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["term"] == "time.step")
+            .map(|r| r["rel_error"].as_f64().unwrap())
+            .collect()
+    };
+    let preset = fid("dgx-h100");
+    assert_eq!(preset.len(), 3, "{preset:?}");
+    assert!(
+        preset.iter().all(|e| (e - (1.0 / SLOW - 1.0)).abs() < 2e-3),
+        "{preset:?}"
+    );
     // fidelity compares each log's step with the fitted plan
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
         "fidelity",
