@@ -52,7 +52,7 @@ enum Command {
     /// Measure this machine (GEMM curve, memory bandwidth, collectives) and write it as a cluster
     /// TOML; --fit fits its efficiency factors to trainer reports or framework logs.
     Calibrate(calibrate_cmd::CalibrateArgs),
-    /// Predicted vs measured, term by term, for trainer runs' --report files (HTML with --out).
+    /// Predicted vs measured: term by term for trainer runs' --report files, step time and peak memory for framework logs (HTML with --out).
     Fidelity(fidelity_cmd::FidelityArgs),
 }
 
