@@ -56,9 +56,7 @@ pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
         })?;
         let (run, log) = crate::framework_logs::measured(f, None)?;
         // priced as the framework that wrote the log runs it, as `calibrate --fit` fits it
-        let cluster = &run
-            .framework
-            .map_or_else(|| cluster.clone(), |f| cluster.for_framework(f));
+        let cluster = &cluster.for_framework_opt(run.framework);
         let p = exatrain_cost::plan(&run.model, cluster, &run.layout)
             .map_err(|e| SpecError::new(format!("log {}: {e}", run.name)))?;
         runs.push((

@@ -65,9 +65,7 @@ pub(crate) fn exhaustive_cmd(
 ) -> Result<(), SpecError> {
     let s = space_spec(a, gpu_list[0])?;
     // priced with the kernel efficiency of the framework searched for
-    let cluster = &s
-        .framework
-        .map_or_else(|| cluster.clone(), |f| cluster.for_framework(f));
+    let cluster = &cluster.for_framework_opt(s.framework);
     if gpu_list.len() > 1 {
         let pb = progress_bar(gpu_list.len() as u64, "device counts");
         let (points, front) = exhaustive::pareto(model, cluster, &s, gpu_list, &|_| {});

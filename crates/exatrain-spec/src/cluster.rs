@@ -284,6 +284,11 @@ impl ClusterSpec {
         c
     }
 
+    /// [`ClusterSpec::for_framework`] when a framework is named, else this cluster as it is.
+    pub fn for_framework_opt(&self, f: Option<Framework>) -> ClusterSpec {
+        f.map_or_else(|| self.clone(), |f| self.for_framework(f))
+    }
+
     /// Check every field; the cost model assumes a validated spec.
     pub fn validate(&self) -> Result<(), SpecError> {
         let d = &self.device;

@@ -138,7 +138,6 @@ impl Framework {
             Dtype::Bf16 => 2.0 * (dtype.bytes() + 4.0),
         };
         // the same count for the three; a framework with a fused loss would move less
-        let _ = self;
         40.0 + casts
     }
 

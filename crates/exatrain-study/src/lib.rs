@@ -99,10 +99,7 @@ fn best(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, spec: &StudySpec) ->
 /// The best layout of `gpus` GPUs and batch `gb` among those `stack` runs, priced with the
 /// kernel efficiency of the stack's framework (`ClusterSpec::for_framework`).
 fn best_on(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, stack: &explain::Stack) -> Result<Point, String> {
-    let c = &match stack.framework {
-        Some(f) => c.for_framework(f),
-        None => c.clone(),
-    };
+    let c = &c.for_framework_opt(stack.framework);
     let mut s = SpaceSpec {
         framework: stack.framework,
         zero: stack.zero.clone(),
