@@ -79,6 +79,10 @@ pub struct Run {
     /// cluster's stack is carried to it (`ClusterSpec::for_framework`)
     #[serde(default = "megatron_lm")]
     pub framework: String,
+    /// the attention softmax without flash attention: fused (default: the framework's fused
+    /// kernel where its constraints hold) | unfused (the stack had none, as Megatron-LM in 2019)
+    #[serde(default = "fused")]
+    pub softmax: String,
 }
 
 fn dash() -> String {
@@ -90,12 +94,15 @@ fn no() -> String {
 fn yes() -> String {
     "yes".into()
 }
+fn fused() -> String {
+    "fused".into()
+}
 fn megatron_lm() -> String {
     "megatron-lm".into()
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 26] = [
+pub const COLUMNS: [&str; 27] = [
     "name",
     "params_b",
     "layers",
@@ -122,6 +129,7 @@ pub const COLUMNS: [&str; 26] = [
     "framework",
     "overlap_dp",
     "model",
+    "softmax",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -245,7 +253,17 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
             Framework::allowed()
         ))
     })?;
-    let cluster = field(load::cluster(&run.cluster), &run.name)?.for_framework(framework);
+    let mut cluster = field(load::cluster(&run.cluster), &run.name)?.for_framework(framework);
+    cluster.stack.fused_softmax = match run.softmax.as_str() {
+        "fused" => true,
+        "unfused" => false,
+        other => {
+            return Err(SpecError::new(format!(
+                "run {}: softmax `{other}` is not known (allowed: fused, unfused)",
+                run.name
+            )))
+        }
+    };
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,

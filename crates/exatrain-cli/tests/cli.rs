@@ -364,6 +364,10 @@ fn validate_rejects_a_bad_csv() {
             format!("{header},framework\n{row},137,nemo\n"),
             "framework `nemo` is not known (allowed: megatron-lm, megatron-deepspeed, torchtitan)",
         ),
+        (
+            format!("{header},softmax\n{row},137,jit\n"),
+            "softmax `jit` is not known (allowed: fused, unfused)",
+        ),
     ] {
         std::fs::write(&f, text).unwrap();
         let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
@@ -413,6 +417,41 @@ fn validate_honours_how_a_run_reduced_its_gradients() {
     let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("overlap_dp `maybe` is not known (allowed: yes, no)"));
+}
+
+/// The `softmax` column says whether the run's stack had a fused softmax (Megatron-LM of 2019
+/// had none): the unfused row is predicted slower; with flash attention it makes no difference.
+#[test]
+fn validate_prices_an_unfused_softmax() {
+    let dir = std::env::temp_dir().join(format!("exatrain-val-sm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("runs.csv");
+    let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,flash,softmax";
+    let row = "1.2,40,1536,16,1024,51200,1,1,1,1,8,8,-,full,no,dgx-2h,hfu_tflops,39";
+    let text = format!(
+        "{header}\nfused,{row},no,fused\nunfused,{row},no,unfused\nflash,{row},yes,fused\nflash-unfused,{row},yes,unfused\n"
+    );
+    std::fs::write(&f, text).unwrap();
+    let out = exatrain(&["validate", "--json", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pred = |name: &str| {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["predicted"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        pred("unfused") < 0.9 * pred("fused"),
+        "{} vs {}",
+        pred("unfused"),
+        pred("fused")
+    );
+    assert_eq!(pred("flash"), pred("flash-unfused"));
 }
 
 #[test]

@@ -25,6 +25,10 @@ pub struct Device {
     /// cross-entropy, or the trainer's fused classifier (max, exp-sum, gradient: 3 fp32 passes)
     /// when the stack names no framework.
     pub loss_bytes: f64,
+    /// The framework whose fused-softmax constraints apply (None: the trainer's kernel, always fused).
+    pub framework: Option<Framework>,
+    /// The stack has a fused scale-mask-softmax kernel (`StackSpec.fused_softmax`).
+    pub fused_softmax: bool,
 }
 
 impl Device {
@@ -41,6 +45,8 @@ impl Device {
             stack: c.stack.compute_efficiency,
             selective: c.stack.framework.unwrap_or(Framework::MegatronLm).selective_recompute(),
             loss_bytes: c.stack.framework.map_or(12.0, |f| f.loss_bytes_per_logit(dtype)),
+            framework: c.stack.framework,
+            fused_softmax: c.stack.fused_softmax,
         }
     }
 
@@ -69,6 +75,8 @@ pub struct BlockTime {
     pub gemm: f64,
     /// The attention core: QKᵀ, softmax, dropout, ·V (or one fused flash kernel).
     pub core: f64,
+    /// The attention core's backward.
+    pub core_bwd: f64,
     /// Norms, residual adds, dropouts, activation function, rotary embedding.
     pub elementwise: f64,
 }
@@ -101,16 +109,30 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         + d.gemm(1.0, tokens, up * f / t, h, e)
         + d.gemm(1.0, tokens, h, f / t, e);
 
-    let core = if p.flash_attention {
-        // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM.
+    let (core, core_bwd) = if p.flash_attention {
+        // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM. Its
+        // backward is 2.5× its forward (it recomputes the scores).
         let t_flops = 0.5 * (d.gemm(b * heads, s, s, hd, 0.0) + d.gemm(b * heads, s, hd, s, 0.0));
         let io = b * s * (q + 2.0 * kv + q) / t * e;
-        t_flops.max(d.stream(io))
+        let core = t_flops.max(d.stream(io));
+        (core, 2.5 * core)
     } else {
         let scores = b * heads * s * s;
         let drop = if m.dropout { scores * (2.0 * e + 1.0) } else { 0.0 };
-        d.gemm(b * heads, s, s, hd, e) + d.gemm(b * heads, s, hd, s, e) + d.stream(scores * 2.0 * e + drop)
-        // fused scale-mask-softmax, then dropout
+        // fused scale-mask-softmax (one read and one write of the scores), then dropout; the
+        // backward twice the forward
+        let fused = d.gemm(b * heads, s, s, hd, e) + d.gemm(b * heads, s, hd, s, e) + d.stream(scores * 2.0 * e + drop);
+        // Without the fused kernel (the stack has none, or the layout breaks its constraints) the
+        // scale, the mask and the softmax are separate passes, and a fourth (2019's mask
+        // subtract; today's fp32 casts, which move more): three more read-write passes forward,
+        // and the scale's and the mask's gradients (two) backward.
+        let unfused = !(d.fused_softmax && d.framework.map_or(true, |f| f.fused_softmax_fits(m, p)));
+        let (extra_fwd, extra_bwd) = if unfused {
+            (d.stream(scores * 6.0 * e), d.stream(scores * 4.0 * e))
+        } else {
+            (0.0, 0.0)
+        };
+        (fused + extra_fwd, 2.0 * fused + extra_bwd)
     };
 
     let region = if p.sequence_parallel {
@@ -132,18 +154,17 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
     BlockTime {
         gemm,
         core,
+        core_bwd,
         elementwise,
     }
 }
 
 /// Forward + backward (+ recomputation) time of one block, one microbatch. Backward GEMMs cost
 /// twice the forward (data and weight gradients have the forward's dimensions); element-wise
-/// backward moves about twice the bytes; flash attention's backward is 2.5× its forward (it
-/// recomputes the scores).
+/// backward moves about twice the bytes; the attention core's backward is [`BlockTime::core_bwd`].
 pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let fwd = block_forward(m, p, d);
-    let core_bwd = if p.flash_attention { 2.5 } else { 2.0 } * fwd.core;
-    let bwd = 2.0 * fwd.gemm + core_bwd + 2.0 * fwd.elementwise;
+    let bwd = 2.0 * fwd.gemm + fwd.core_bwd + 2.0 * fwd.elementwise;
     let recompute = match p.recompute {
         exatrain_spec::Recompute::None => 0.0,
         exatrain_spec::Recompute::Selective => {

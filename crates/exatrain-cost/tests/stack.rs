@@ -1,5 +1,6 @@
-//! What a framework's stack changes in the price of a layout: its selective recomputation
-//! and its loss (`Framework::selective_recompute`, `Framework::loss_bytes_per_logit`).
+//! What a framework's stack changes in the price of a layout: its selective recomputation,
+//! its loss and its softmax (`Framework::selective_recompute`, `Framework::loss_bytes_per_logit`,
+//! `Framework::fused_softmax_fits`).
 
 use exatrain_spec::{presets, ParallelConfig, Recompute};
 
@@ -108,4 +109,53 @@ fn fsdp2_pays_for_its_copies_and_megatron_fsdp_does_not() {
     lm_fast.device.hbm_gbps *= 2.0;
     let d = dp_comm(&lm).time_s.dp_comm - dp_comm(&lm_fast).time_s.dp_comm;
     assert!(d.abs() < 1e-12, "{d}");
+}
+
+/// Without flash attention the softmax is one fused kernel where the stack has it and the
+/// layout fits its constraints (Megatron's `FusedScaleMaskSoftmax`: s ≤ 4096, micro-batch ×
+/// heads per rank divisible by 4); otherwise the scale, mask and softmax are separate passes:
+/// 6 more bytes per bf16 score forward (3 read-write passes) and 4 backward.
+#[test]
+fn the_softmax_is_fused_only_where_the_stack_and_the_kernel_allow() {
+    use exatrain_cost::compute::{block_forward, block_train, Device};
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("selene").unwrap();
+    let mut old = lm.clone();
+    old.stack.fused_softmax = false;
+    let mut m = presets::model("gpt-22b").unwrap(); // 48 heads
+    let p = ParallelConfig::new(8, 1, 1, 2, 2); // 6 heads per rank, 12 batches: fits
+    let (dl, dold) = (Device::new(&lm, Dtype::Bf16), Device::new(&old, Dtype::Bf16));
+    let scores = 2.0 * 6.0 * (m.seq_len as f64).powi(2);
+    let fused = block_forward(&m, &p, &dl);
+    let unfused = block_forward(&m, &p, &dold);
+    assert!(close(unfused.core - fused.core, dl.stream(6.0 * 2.0 * scores), 1e-9));
+    assert!(close(
+        unfused.core_bwd - fused.core_bwd,
+        dl.stream(4.0 * 2.0 * scores),
+        1e-9
+    ));
+    assert!(close(
+        block_train(&m, &p, &dold) - block_train(&m, &p, &dl),
+        dl.stream(10.0 * 2.0 * scores),
+        1e-9
+    ));
+    // micro-batch 1 × 6 heads per rank = 6 batches, not a multiple of 4: Megatron's kernel
+    // declines and the chain runs, while torchtitan's SDPA and the trainer's kernel take it
+    let odd = ParallelConfig::new(8, 1, 1, 1, 1);
+    assert!(!Framework::MegatronLm.fused_softmax_fits(&m, &odd));
+    assert!(Framework::Torchtitan.fused_softmax_fits(&m, &odd));
+    let dold1 = block_forward(&m, &odd, &dold);
+    assert_eq!(block_forward(&m, &odd, &dl), dold1);
+    let mut trainer = lm.clone();
+    trainer.stack.framework = None;
+    assert!(block_forward(&m, &odd, &Device::new(&trainer, Dtype::Bf16)).core < dold1.core);
+    // a sequence longer than the kernel's 4096 declines too; flash attention has no softmax pass
+    m.seq_len = 8192;
+    assert!(!Framework::MegatronLm.fused_softmax_fits(&m, &p));
+    assert_eq!(block_forward(&m, &p, &dl), block_forward(&m, &p, &dold));
+    let flash = ParallelConfig {
+        flash_attention: true,
+        ..p
+    };
+    assert_eq!(block_forward(&m, &flash, &dl), block_forward(&m, &flash, &dold));
 }

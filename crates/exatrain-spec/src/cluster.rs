@@ -199,6 +199,13 @@ pub struct StackSpec {
     /// None: the curve is the trainer's own (what `calibrate` measures), no framework's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub framework: Option<Framework>,
+    /// Whether the stack has a fused scale-mask-softmax kernel for the attention scores (without
+    /// flash attention): Megatron's `--masked-softmax-fusion`, on by default since 2020, and
+    /// taken only where its shape constraints hold ([`Framework::fused_softmax_fits`]). false:
+    /// the unfused PyTorch chain (scale, mask, softmax as separate passes), as Megatron-LM ran
+    /// in 2019 and runs with `--no-masked-softmax-fusion`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub fused_softmax: bool,
 }
 
 impl Default for StackSpec {
@@ -206,8 +213,17 @@ impl Default for StackSpec {
         StackSpec {
             compute_efficiency: 1.0,
             framework: None,
+            fused_softmax: true,
         }
     }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl StackSpec {
