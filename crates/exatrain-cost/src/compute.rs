@@ -2,9 +2,7 @@
 //! shape, bounded by HBM traffic), the attention core, and memory-bound element-wise ops.
 //! Times are for one microbatch on one device of a TP group, in seconds.
 
-use exatrain_spec::{
-    ClusterSpec, Dtype, Framework, GemmCorrection, GemmEfficiency, Mlp, ModelSpec, ParallelConfig, SelectiveRecompute,
-};
+use exatrain_spec::{ClusterSpec, Dtype, Framework, GemmCorrection, GemmEfficiency, Mlp, ModelSpec, ParallelConfig};
 
 /// What a device delivers for a given number format.
 #[derive(Debug, Clone)]
@@ -18,14 +16,12 @@ pub struct Device {
     pub gemm_table: GemmCorrection,
     /// The software stack's multiplier on the GEMM curve (`ClusterSpec.stack`).
     pub stack: f64,
-    /// What the stack's selective recomputation redoes (Megatron-LM's when the stack names no
-    /// framework: the trainer recomputes as Megatron does).
-    pub selective: SelectiveRecompute,
     /// Bytes the loss moves per logit element, forward and backward: the framework's unfused fp32
     /// cross-entropy, or the trainer's fused classifier (max, exp-sum, gradient: 3 fp32 passes)
     /// when the stack names no framework.
     pub loss_bytes: f64,
-    /// The framework whose fused-softmax constraints apply (None: the trainer's kernel, always fused).
+    /// The framework whose selective recomputation and fused-softmax constraints apply (None:
+    /// the trainer, which recomputes as Megatron-LM does and whose softmax is always fused).
     pub framework: Option<Framework>,
     /// The stack has a fused scale-mask-softmax kernel (`StackSpec.fused_softmax`).
     pub fused_softmax: bool,
@@ -43,7 +39,6 @@ impl Device {
             gemm: c.device.gemm,
             gemm_table: GemmCorrection::new(&c.device.gemm, &c.device.gemm_table),
             stack: c.stack.compute_efficiency,
-            selective: c.stack.framework.unwrap_or(Framework::MegatronLm).selective_recompute(),
             loss_bytes: c.stack.framework.map_or(12.0, |f| f.loss_bytes_per_logit(dtype)),
             framework: c.stack.framework,
             fused_softmax: c.stack.fused_softmax,
@@ -168,7 +163,7 @@ pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
     let recompute = match p.recompute {
         exatrain_spec::Recompute::None => 0.0,
         exatrain_spec::Recompute::Selective => {
-            let r = d.selective;
+            let r = d.framework.unwrap_or(Framework::MegatronLm).selective_recompute(m);
             // flash attention keeps no s×s tensor: its core is never recomputed
             let core = if p.flash_attention { 0.0 } else { r.core * fwd.core };
             r.gemm * fwd.gemm + core + r.elementwise * fwd.elementwise

@@ -107,19 +107,31 @@ impl Framework {
     /// - Megatron-LM / Megatron-DeepSpeed (`--recompute-granularity selective`): the attention
     ///   core only (nothing with flash attention, which keeps no s×s tensor).
     /// - torchtitan (`SelectiveAC`, op mode): every op's output is recomputed except SDPA's and
-    ///   every other matmul's, so half the block's GEMMs and all its element-wise ops.
-    pub fn selective_recompute(self) -> SelectiveRecompute {
+    ///   every other matmul's, counted in call order (wq, wk, wv, wo, then w1, w3, w2 or w1, w2):
+    ///   wk, wo and w3 (SwiGLU; w2 with GELU) are recomputed, their share of the block's GEMM
+    ///   FLOPs, with all its element-wise ops.
+    pub fn selective_recompute(self, m: &ModelSpec) -> SelectiveRecompute {
         match self {
             Framework::MegatronLm | Framework::MegatronDeepspeed => SelectiveRecompute {
                 gemm: 0.0,
                 core: 1.0,
                 elementwise: 0.0,
             },
-            Framework::Torchtitan => SelectiveRecompute {
-                gemm: 0.5,
-                core: 0.0,
-                elementwise: 1.0,
-            },
+            Framework::Torchtitan => {
+                let (h, q, kv, f) = (
+                    m.hidden as f64,
+                    m.q_dim() as f64,
+                    m.kv_dim() as f64,
+                    m.ffn_hidden as f64,
+                );
+                // the 2nd, 4th and 6th matmul of the block: wk, wo and the MLP's second
+                let recomputed = h * kv + q * h + h * f;
+                SelectiveRecompute {
+                    gemm: recomputed / m.layer_matrix_params() as f64,
+                    core: 0.0,
+                    elementwise: 1.0,
+                }
+            }
         }
     }
 
@@ -275,7 +287,7 @@ impl Framework {
 /// ([`Framework::selective_recompute`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SelectiveRecompute {
-    /// of the four weight GEMMs
+    /// of the block's weight GEMMs (by FLOPs)
     pub gemm: f64,
     /// of the attention core (QKᵀ, softmax, ·V) when it is not flash attention
     pub core: f64,
