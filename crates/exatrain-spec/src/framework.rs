@@ -53,7 +53,7 @@ impl Framework {
     /// Selene) over the one fitted to the Megatron-LM sources (Narayanan 2021, Korthikanti 2022,
     /// the H100 table, Shoeybi 2019); `tests/cli.rs` refits it from the file. torchtitan:
     /// Megatron-LM's (an assumption); its own source (`torchtitan-a100`) is left unfitted, a
-    /// blind check of the carry-over (its runs alone would ask ×0.965).
+    /// blind check of the carry-over (its runs alone would ask ×0.950).
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
