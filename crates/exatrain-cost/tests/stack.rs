@@ -152,8 +152,17 @@ fn the_softmax_is_fused_only_where_the_stack_and_the_kernel_allow() {
     let mut trainer = lm.clone();
     trainer.stack.framework = None;
     assert!(block_forward(&m, &odd, &Device::new(&trainer, Dtype::Bf16)).core < dold1.core);
-    // a sequence longer than the kernel's 4096 declines too; flash attention has no softmax pass
+    // a sequence longer than the kernel takes declines too: Megatron-DeepSpeed's 4096,
+    // Transformer Engine's (Megatron-LM) 16384; flash attention has no softmax pass
     m.seq_len = 8192;
+    assert!(Framework::MegatronLm.fused_softmax_fits(&m, &p));
+    assert!(!Framework::MegatronDeepspeed.fused_softmax_fits(&m, &p));
+    let ds = lm.for_framework(Framework::MegatronDeepspeed);
+    let mut ds_old = ds.clone();
+    ds_old.stack.fused_softmax = false;
+    let (dds, dds_old) = (Device::new(&ds, Dtype::Bf16), Device::new(&ds_old, Dtype::Bf16));
+    assert_eq!(block_forward(&m, &p, &dds), block_forward(&m, &p, &dds_old));
+    m.seq_len = 16384;
     assert!(!Framework::MegatronLm.fused_softmax_fits(&m, &p));
     assert_eq!(block_forward(&m, &p, &dl), block_forward(&m, &p, &dold));
     let flash = ParallelConfig {

@@ -169,18 +169,21 @@ impl Framework {
     }
 
     /// Whether this framework's fused scale-mask-softmax kernel takes the attention scores of a
-    /// layout (without flash attention; where it does not, the unfused chain runs).
-    /// - Megatron-LM / Megatron-DeepSpeed (`FusedScaleMaskSoftmax.is_kernel_available`): 16-bit
-    ///   scores, 16 < s ≤ 4096, s divisible by 4, and micro-batch × heads per TP rank divisible by
-    ///   4 (the kernel's batches per block for s > 128, causal mask).
-    /// - torchtitan: PyTorch's SDPA kernels take any shape.
+    /// layout (without flash attention; where it does not, the unfused chain runs). Both Megatrons
+    /// need 16-bit scores and micro-batch × heads per TP rank divisible by 4 (the kernel's
+    /// batches per block for s > 128, causal mask), and:
+    /// - Megatron-LM (Transformer Engine's `FusedScaleMaskSoftmax`, under the exported
+    ///   `--attention-backend unfused`): 16 < s < 16384, s divisible by 8;
+    /// - Megatron-DeepSpeed (its own `FusedScaleMaskSoftmax.is_kernel_available`): 16 < s ≤ 4096,
+    ///   s divisible by 4.
+    /// torchtitan: PyTorch's SDPA kernels take any shape.
     pub fn fused_softmax_fits(self, m: &ModelSpec, c: &ParallelConfig) -> bool {
+        let s = m.seq_len;
+        let batches = c.micro_batch as u64 * (m.heads / c.tp.max(1)) as u64;
+        let megatron = c.dtype == Dtype::Bf16 && batches % 4 == 0;
         match self {
-            Framework::MegatronLm | Framework::MegatronDeepspeed => {
-                let s = m.seq_len;
-                let attn_batches = c.micro_batch as u64 * (m.heads / c.tp.max(1)) as u64;
-                c.dtype == Dtype::Bf16 && 16 < s && s <= 4096 && s % 4 == 0 && attn_batches % 4 == 0
-            }
+            Framework::MegatronLm => megatron && 16 < s && s < 16384 && s % 8 == 0,
+            Framework::MegatronDeepspeed => megatron && 16 < s && s <= 4096 && s % 4 == 0,
             Framework::Torchtitan => true,
         }
     }
