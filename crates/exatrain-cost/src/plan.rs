@@ -101,11 +101,20 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let block = compute::block_train(m, p, &d);
     let emb = compute::embedding_train(m, p, &d);
     let head = compute::head_train(m, p, &d);
+    // the framework's own gradient-accumulation passes after each backward, per stage
+    let accum_bytes = c.stack.framework.map_or(0.0, |f| f.grad_accum_bytes_per_param(p));
+    let (first_p, mid_p, last_p) = memory::stage_params(m, p, &st);
+    let accum = |params: f64| d.stream(params * accum_bytes);
     let (first_c, last_c) = if pp == 1 {
-        (b_first * block + emb + head, b_first * block + emb + head)
+        let all = b_first * block + emb + head + accum(first_p);
+        (all, all)
     } else {
-        (b_first * block + emb, b_last * block + head)
+        (
+            b_first * block + emb + accum(first_p),
+            b_last * block + head + accum(last_p),
+        )
     };
+    let mid_c = b_mid * block + accum(mid_p);
     let tp_link = group_link(c, tp, p.stride(Dim::Tp));
     let per_pair = if p.sequence_parallel {
         comm::all_gather(act_msg, tp, tp_link) + comm::reduce_scatter(act_msg, tp, tp_link)
@@ -147,8 +156,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     } else {
         (last_c, last_tp)
     };
-    if pp > 2 && b_mid * (block + tp_block) > slowest.0 + slowest.1 {
-        slowest = (b_mid * block, b_mid * tp_block);
+    if pp > 2 && mid_c + b_mid * tp_block > slowest.0 + slowest.1 {
+        slowest = (mid_c, b_mid * tp_block);
     }
     let (stage_c, stage_tp) = slowest;
     let nf = tp as f64;
@@ -189,7 +198,6 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp);
 
     // --- data parallel and the optimizer
-    let (first_p, mid_p, last_p) = memory::stage_params(m, p, &st);
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
     // How the stack reduces gradients: Megatron-LM's (and the trainer's) bucketed overlap in the
     // training dtype (see Dtype::grad_bytes), or DeepSpeed's fp32 all-reduce after the flush.

@@ -171,3 +171,34 @@ fn the_softmax_is_fused_only_where_the_stack_and_the_kernel_allow() {
     };
     assert_eq!(block_forward(&m, &flash, &dl), block_forward(&m, &flash, &dold));
 }
+
+/// DeepSpeed's `BF16_Optimizer` zeroes, accumulates and adds each microbatch's bf16 gradients
+/// into fp32 after every backward: 26 bytes per parameter of the stage per microbatch on the
+/// compute stream. Megatron-LM's weight-gradient GEMMs accumulate into `main_grad` themselves.
+#[test]
+fn bf16_optimizer_accumulation_passes_are_priced_per_microbatch() {
+    use exatrain_cost::compute::Device;
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("jean-zay")
+        .unwrap()
+        .for_framework(Framework::MegatronLm);
+    let ds = lm.for_framework(Framework::MegatronDeepspeed);
+    let m = presets::model("gpt-22b").unwrap();
+    let zero1 = ParallelConfig {
+        zero: 1,
+        ..ParallelConfig::new(8, 1, 1, 1, 4)
+    };
+    let zero2 = ParallelConfig { zero: 2, ..zero1 };
+    assert_eq!(Framework::MegatronDeepspeed.grad_accum_bytes_per_param(&zero1), 26.0);
+    assert_eq!(Framework::MegatronDeepspeed.grad_accum_bytes_per_param(&zero2), 0.0);
+    assert_eq!(Framework::MegatronLm.grad_accum_bytes_per_param(&zero1), 0.0);
+    let compute =
+        |c: &exatrain_spec::ClusterSpec, p: &ParallelConfig| exatrain_cost::plan(&m, c, p).unwrap().time_s.compute;
+    let st = zero1.stage_layers(&m).unwrap();
+    let params = exatrain_cost::memory::stage_params(&m, &zero1, &st).0;
+    let d = Device::new(&ds, Dtype::Bf16);
+    // 4 microbatches, each followed by the passes over the whole model (one stage)
+    let extra = compute(&ds, &zero1) - compute(&ds, &zero2);
+    assert!(close(extra, 4.0 * d.stream(26.0 * params), 1e-9), "{extra}");
+    assert_eq!(compute(&lm, &zero1), compute(&lm, &zero2));
+}

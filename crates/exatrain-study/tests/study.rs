@@ -172,6 +172,11 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
     // the stack's best is priced with Megatron-DeepSpeed's kernel efficiency, the recommendation
     // with the preset's (Megatron-LM's), and the gap is named
     assert!(needs.contains("megatron-lm's kernel efficiency"), "{needs}");
+    // and so is BF16_Optimizer's gradient accumulation, which Megatron-LM fuses into its GEMMs
+    assert!(
+        needs.contains("gradients accumulated as megatron-lm does") && needs.contains("26 more bytes"),
+        "{needs}"
+    );
     let ds = c.for_framework(stack.framework.unwrap());
     let replanned = exatrain_cost::plan(&m, &ds, &b.config).unwrap();
     assert!((replanned.step_time_s - b.plan.step_time_s).abs() < 1e-9 * b.plan.step_time_s);
