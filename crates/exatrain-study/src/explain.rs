@@ -130,12 +130,12 @@ pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack, priced_as: Option<Framew
         if let Err(why) = f.can_run(m, c) {
             out.push(format!("{why} (not run by {f})"));
         }
-        // the stack's own gradient-accumulation passes, which the pricing framework fuses away
+        // the stack's own gradient-accumulation passes, which the pricing framework does not have
         let own = |z: u8| f.grad_accum_bytes_per_param(&exatrain_spec::ParallelConfig { zero: z, ..*c });
         let bytes = stack.zero.iter().map(|&z| own(z)).fold(0.0, f64::max);
         if let Some(g) = priced_as.filter(|g| bytes > g.grad_accum_bytes_per_param(c)) {
             out.push(format!(
-                "gradients accumulated as {g} does, inside the weight-gradient GEMMs ({f}'s optimizer moves {bytes} more bytes per parameter after each microbatch's backward)"
+                "{g}'s gradient accumulation, without separate passes ({f}'s optimizer moves {bytes} bytes per parameter after each microbatch's backward)"
             ));
         }
         if let Some(g) = priced_as.filter(|g| g.compute_efficiency() > f.compute_efficiency()) {

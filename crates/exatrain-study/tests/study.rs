@@ -174,7 +174,7 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
     assert!(needs.contains("megatron-lm's kernel efficiency"), "{needs}");
     // and so is BF16_Optimizer's gradient accumulation, which Megatron-LM fuses into its GEMMs
     assert!(
-        needs.contains("gradients accumulated as megatron-lm does") && needs.contains("26 more bytes"),
+        needs.contains("megatron-lm's gradient accumulation") && needs.contains("26 bytes per parameter"),
         "{needs}"
     );
     let ds = c.for_framework(stack.framework.unwrap());
