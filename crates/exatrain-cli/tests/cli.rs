@@ -383,6 +383,24 @@ fn validate_rejects_a_bad_csv() {
     assert!(err.contains("--fit needs at least 3 runs"), "{err}");
 }
 
+/// `validate --json` on a runs file with `text`: each run's predicted metric, by name.
+fn predicted(f: &std::path::Path, text: &str) -> impl Fn(&str) -> f64 {
+    std::fs::write(f, text).unwrap();
+    let out = exatrain(&["validate", "--json", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    move |name: &str| {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()["predicted"]
+            .as_f64()
+            .unwrap()
+    }
+}
+
 /// The `overlap_dp` column describes how the run reduced its gradients: the same Megatron-LM
 /// row reduced after backward (2019-2022 Megatron-LM) is predicted slower than with
 /// --overlap-grad-reduce; a Megatron-DeepSpeed row is priced by DeepSpeed's own reduction
@@ -397,20 +415,7 @@ fn validate_honours_how_a_run_reduced_its_gradients() {
     let text = format!(
         "{header}\non,{row},megatron-lm,yes\noff,{row},megatron-lm,no\nds-on,{row},megatron-deepspeed,yes\nds-off,{row},megatron-deepspeed,no\n"
     );
-    std::fs::write(&f, text).unwrap();
-    let out = exatrain(&["validate", "--json", "--runs", f.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let pred = |name: &str| {
-        v["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap()["predicted"]
-            .as_f64()
-            .unwrap()
-    };
+    let pred = predicted(&f, &text);
     assert!(pred("off") < 0.99 * pred("on"), "{} vs {}", pred("off"), pred("on"));
     assert_eq!(pred("ds-on"), pred("ds-off"));
     std::fs::write(&f, format!("{header}\nx,{row},megatron-lm,maybe\n")).unwrap();
@@ -431,20 +436,7 @@ fn validate_prices_an_unfused_softmax() {
     let text = format!(
         "{header}\nfused,{row},no,fused\nunfused,{row},no,unfused\nflash,{row},yes,fused\nflash-unfused,{row},yes,unfused\n"
     );
-    std::fs::write(&f, text).unwrap();
-    let out = exatrain(&["validate", "--json", "--runs", f.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let pred = |name: &str| {
-        v["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap()["predicted"]
-            .as_f64()
-            .unwrap()
-    };
+    let pred = predicted(&f, &text);
     assert!(
         pred("unfused") < 0.9 * pred("fused"),
         "{} vs {}",
