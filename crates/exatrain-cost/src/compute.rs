@@ -145,7 +145,9 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         exatrain_spec::Position::Rope => 2.0 * tokens * (q + kv) / t * e,
         exatrain_spec::Position::Learned => 0.0,
     };
-    let elementwise = d.stream(norms + residual + act + rope);
+    // the framework's own eager element-wise passes beyond these fused kernels
+    let eager = d.framework.map_or(0.0, |fw| fw.eager_elementwise_bytes_per_token(m, p));
+    let elementwise = d.stream(norms + residual + act + rope + tokens * eager);
     BlockTime {
         gemm,
         core,

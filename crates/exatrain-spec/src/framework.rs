@@ -55,7 +55,7 @@ impl Framework {
     /// `BF16_Optimizer`'s own gradient-accumulation passes were priced
     /// ([`Self::grad_accum_bytes_per_param`]): most of the gap was those passes. torchtitan:
     /// Megatron-LM's (an assumption); its own source (`torchtitan-a100`) is left unfitted, a
-    /// blind check of the carry-over (its runs alone would ask ×0.950).
+    /// blind check of the carry-over (its runs alone would ask ×0.984).
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
@@ -187,6 +187,45 @@ impl Framework {
             Framework::MegatronLm => megatron && 16 < s && s < 16384 && s % 8 == 0,
             Framework::MegatronDeepspeed => megatron && 16 < s && s <= 4096 && s % 4 == 0,
             Framework::Torchtitan => true,
+        }
+    }
+
+    /// Bytes per token this framework's eager element-wise code moves in one block's forward
+    /// beyond the fused kernels every stack is priced with (norms, rotary embedding, activation:
+    /// one read and one write each), on one device of a TP group.
+    /// - torchtitan (Llama's `model.py`, eager, as its published runs ran: `compile = false`):
+    ///   the rotary embedding goes through complex fp32 (`xq.float()`, the complex multiply,
+    ///   `type_as`: 16 more bytes per query and key element in bf16); `repeat_kv` materialises
+    ///   keys and values at the query width when kv heads < heads (read kv, write q, twice); the
+    ///   attention output is transposed to contiguous (a copy: 2e per query element); SiLU and
+    ///   the gate's multiply are two kernels (2e more per FFN element with SwiGLU).
+    /// - Megatron-LM and Megatron-DeepSpeed: fused RoPE and bias-activation kernels, flash
+    ///   kernels that take GQA as it is: 0 (Megatron-DeepSpeed's own unfused rotary path for
+    ///   Llama models is not counted).
+    pub fn eager_elementwise_bytes_per_token(self, m: &ModelSpec, c: &ParallelConfig) -> f64 {
+        match self {
+            Framework::Torchtitan => {
+                let e = c.dtype.bytes();
+                let t = c.tp.max(1) as f64;
+                let (q, kv, f) = (m.q_dim() as f64, m.kv_dim() as f64, m.ffn_hidden as f64);
+                let rope = match m.position {
+                    Position::Rope => {
+                        // cast in and out when the activations are not fp32, the complex
+                        // multiply in fp32, against the fused kernel's one read and one write
+                        let casts = if e < 4.0 { 2.0 * (e + 4.0) } else { 0.0 };
+                        (casts + 8.0 - 2.0 * e) * (q + kv) / t
+                    }
+                    Position::Learned => 0.0,
+                };
+                let repeat = if kv < q { 2.0 * (kv + q) * e / t } else { 0.0 };
+                let transpose = 2.0 * e * q / t;
+                let gate = match m.mlp {
+                    Mlp::Swiglu => 2.0 * e * f / t,
+                    Mlp::Gelu => 0.0,
+                };
+                rope + repeat + transpose + gate
+            }
+            Framework::MegatronLm | Framework::MegatronDeepspeed => 0.0,
         }
     }
 
