@@ -55,7 +55,7 @@ impl Framework {
     /// `BF16_Optimizer`'s own gradient-accumulation passes were priced
     /// ([`Self::grad_accum_bytes_per_param`]): most of the gap was those passes. torchtitan:
     /// Megatron-LM's (an assumption); its own source (`torchtitan-a100`) is left unfitted, a
-    /// blind check of the carry-over (its runs alone would ask ×0.984).
+    /// blind check of the carry-over (its runs alone would ask ×0.982).
     pub fn compute_efficiency(self) -> f64 {
         match self {
             Framework::MegatronLm | Framework::Torchtitan => 1.0,
@@ -193,12 +193,13 @@ impl Framework {
     /// Bytes per token this framework's eager element-wise code moves in one block's forward
     /// beyond the fused kernels every stack is priced with (norms, rotary embedding, activation:
     /// one read and one write each), on one device of a TP group.
-    /// - torchtitan (Llama's `model.py`, eager, as its published runs ran: `compile = false`):
-    ///   the rotary embedding goes through complex fp32 (`xq.float()`, the complex multiply,
-    ///   `type_as`: 16 more bytes per query and key element in bf16); `repeat_kv` materialises
-    ///   keys and values at the query width when kv heads < heads (read kv, write q, twice); the
-    ///   attention output is transposed to contiguous (a copy: 2e per query element); SiLU and
-    ///   the gate's multiply are two kernels (2e more per FFN element with SwiGLU).
+    /// - torchtitan (eager, its default and its published runs' `compile = false`; the version
+    ///   exatrain exports): the rotary embedding goes through complex fp32 (`query.float()`, the
+    ///   complex multiply, `type_as`: 16 more bytes per query and key element in bf16); the
+    ///   attention output is made contiguous (a copy: 2e per query element); SiLU and the gate's
+    ///   multiply are two kernels (2e more per FFN element with SwiGLU). GQA goes to SDPA as it
+    ///   is (`enable_gqa`); the 2024 code of the published runs materialised keys and values at
+    ///   the query width (`repeat_kv`), which is not counted.
     /// - Megatron-LM and Megatron-DeepSpeed: fused RoPE and bias-activation kernels, flash
     ///   kernels that take GQA as it is: 0 (Megatron-DeepSpeed's own unfused rotary path for
     ///   Llama models is not counted).
@@ -217,13 +218,12 @@ impl Framework {
                     }
                     Position::Learned => 0.0,
                 };
-                let repeat = if kv < q { 2.0 * (kv + q) * e / t } else { 0.0 };
                 let transpose = 2.0 * e * q / t;
                 let gate = match m.mlp {
                     Mlp::Swiglu => 2.0 * e * f / t,
                     Mlp::Gelu => 0.0,
                 };
-                rope + repeat + transpose + gate
+                rope + transpose + gate
             }
             Framework::MegatronLm | Framework::MegatronDeepspeed => 0.0,
         }
