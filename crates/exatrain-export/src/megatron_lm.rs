@@ -51,14 +51,21 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         format!("--tensor-model-parallel-size {}", c.tp),
         format!("--pipeline-model-parallel-size {}", c.pp),
     ];
-    if c.virtual_stages > 1 {
-        f.push(format!(
-            "--num-layers-per-virtual-pipeline-stage {}",
-            m.layers / (c.pp * c.virtual_stages)
-        ));
-    }
     if let Ok(st) = c.stage_layers(m) {
-        if !st.even() {
+        if c.virtual_stages > 1 {
+            // interleaved: an even split, or (uneven) the embedding and the loss counted as layers
+            let per_stage = if st.even() {
+                st.first
+            } else {
+                f.push("--account-for-embedding-in-pipeline-split".into());
+                f.push("--account-for-loss-in-pipeline-split".into());
+                st.middle
+            };
+            f.push(format!(
+                "--num-layers-per-virtual-pipeline-stage {}",
+                per_stage / c.virtual_stages
+            ));
+        } else if !st.even() {
             f.push(format!("--decoder-first-pipeline-num-layers {}", st.first));
             f.push(format!("--decoder-last-pipeline-num-layers {}", st.last));
         }

@@ -101,6 +101,21 @@ fn cases() -> Vec<(
             Launcher::Torchrun,
         ),
         (
+            // Llama 3 405B as Meta ran it: interleaved over 7, 14 × 8, 7 layers
+            "llama3-405b-h100-interleaved-uneven-stages",
+            "llama3-405b",
+            "dgx-h100",
+            ParallelConfig {
+                zero: 1,
+                flash_attention: true,
+                sequence_parallel: true,
+                virtual_stages: 8,
+                ..layout(8, 16, 64, 1, 2048)
+            },
+            mlm,
+            Launcher::Torchrun,
+        ),
+        (
             "gpt-22b-h100-12gpus-tp-pp-dp",
             "gpt-22b",
             "dgx-h100",
@@ -260,9 +275,23 @@ fn check_job(
                 Some(cfg.global_batch.to_string().as_str())
             );
             let st = cfg.stage_layers(m).unwrap();
+            let v = cfg.virtual_stages;
             assert_eq!(
                 flag(main, "--decoder-first-pipeline-num-layers").map(|x| x.parse::<u32>().unwrap()),
-                (!st.even()).then_some(st.first)
+                (!st.even() && v == 1).then_some(st.first)
+            );
+            // interleaved uneven stages: the embedding and the loss counted as layers
+            assert_eq!(
+                main.contains("--account-for-embedding-in-pipeline-split"),
+                !st.even() && v > 1
+            );
+            assert_eq!(
+                main.contains("--account-for-loss-in-pipeline-split"),
+                !st.even() && v > 1
+            );
+            assert_eq!(
+                flag(main, "--num-layers-per-virtual-pipeline-stage").map(|x| x.parse::<u32>().unwrap()),
+                (v > 1).then(|| if st.even() { st.first } else { st.middle } / v)
             );
             // asserted by Megatron-LM with tp > 1 (pre-Blackwell), forbidden with Megatron-FSDP
             assert_eq!(max_conn, cfg.tp > 1 && cfg.zero < 2, "{cfg:?}");

@@ -107,7 +107,7 @@ impl fmt::Display for Invalid {
             ),
             Invalid::InterleaveUneven { pp, layers } => write!(
                 f,
-                "--virtual-stages needs equal stages: --pp {pp} does not divide {layers} layers"
+                "--virtual-stages needs equal stages, or inner stages one layer longer than the first and the last (the embedding and the loss counted as layers): --pp {pp} over {layers} layers is neither"
             ),
             Invalid::VirtualStages {
                 virtual_stages,

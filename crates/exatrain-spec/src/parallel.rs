@@ -279,6 +279,34 @@ impl StageLayers {
     pub fn even(&self) -> bool {
         (0..self.pp).all(|s| self.of(s) == self.first)
     }
+
+    /// The split Megatron-LM makes when the embedding and the loss each count as a layer
+    /// (`--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`): the
+    /// inner stages equal, the first and the last one layer short of them (Llama 3 405B's 126
+    /// layers on 16 stages: 7, 14 × 8, 7). It can be interleaved like an even split.
+    pub fn accounts_for_ends(&self) -> bool {
+        self.pp > 2 && self.first + 1 == self.middle && self.last + 1 == self.middle
+    }
+
+    /// The layers of virtual stage `k` of `pp · v` (chunk `k / pp` of stage `k % pp`); with
+    /// `v = 1` the stage's [`range`](Self::range). Interleaved, an even split gives every chunk
+    /// `first / v` layers; a split that accounts for the ends gives every chunk `middle / v`
+    /// slots, the embedding taking one slot of the very first chunk and the loss one of the
+    /// very last ([`ParallelConfig::check`] admits no other interleaved split).
+    pub fn chunk_range(&self, k: u32, v: u32) -> std::ops::Range<u32> {
+        if v <= 1 {
+            return self.range(k);
+        }
+        if self.even() {
+            let per = self.first / v;
+            return k * per..(k + 1) * per;
+        }
+        let layers = self.first + self.middle * (self.pp - 2) + self.last;
+        let slots = self.middle / v;
+        let start = (k * slots).saturating_sub(1).min(layers);
+        let end = ((k + 1) * slots).saturating_sub(1).min(layers);
+        start..end
+    }
 }
 
 fn one() -> u32 {
@@ -452,13 +480,16 @@ impl ParallelConfig {
             if self.pp == 1 {
                 return Err(Invalid::VirtualNeedsPp);
             }
-            if !stages.even() {
+            let per_stage = if stages.even() {
+                stages.first
+            } else if stages.accounts_for_ends() {
+                stages.middle
+            } else {
                 return Err(Invalid::InterleaveUneven {
                     pp: self.pp,
                     layers: model.layers,
                 });
-            }
-            let per_stage = stages.first;
+            };
             if per_stage % self.virtual_stages != 0 {
                 return Err(Invalid::VirtualStages {
                     virtual_stages: self.virtual_stages,

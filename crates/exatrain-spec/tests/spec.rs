@@ -178,7 +178,7 @@ fn invalid_layouts_are_values_with_clear_messages() {
                 ..base
             },
             7,
-            "--virtual-stages needs equal stages: --pp 7 does not divide 48 layers",
+            "--virtual-stages needs equal stages, or inner stages one layer longer than the first and the last (the embedding and the loss counted as layers): --pp 7 over 48 layers is neither",
         ),
         (base, 16, "does not equal --gpus 16"),
         (
@@ -382,4 +382,44 @@ fn a_bad_gemm_table_is_named() {
     let text = base.replace("[device]\n", &format!("[device]\ngemm_table = [{many}]\n"));
     let e = load::cluster_from_str(&text, false, "c.toml").unwrap_err().0;
     assert!(e.contains("at most 64"), "{e}");
+}
+
+/// Interleaving takes an even split, or Megatron-LM's split that counts the embedding and the
+/// loss as layers (inner stages one layer longer than the ends): Llama 3 405B's 126 layers on
+/// 16 stages interleave in chunks of 8 / v slots, the first and last chunk one layer short.
+#[test]
+fn interleaving_over_stages_that_count_the_embedding_and_the_loss() {
+    let m = exatrain_spec::presets::model("llama3-405b").unwrap();
+    let c = |v: u32, first: Option<u32>| ParallelConfig {
+        virtual_stages: v,
+        first_stage_layers: first,
+        ..ParallelConfig::new(8, 16, 8, 1, 128)
+    };
+    for v in [2, 4, 8] {
+        c(v, None).check(&m, 1024).unwrap();
+        let st = c(v, None).stage_layers(&m).unwrap();
+        assert!(st.accounts_for_ends() && !st.even());
+        // the chunks tile the layers in order, each of 8 / v slots, the two ends one short
+        let chunks: Vec<_> = (0..16 * v).map(|k| st.chunk_range(k, v)).collect();
+        assert_eq!(chunks[0].start, 0);
+        assert_eq!(chunks.last().unwrap().end, 126);
+        assert!(chunks.windows(2).all(|w| w[0].end == w[1].start));
+        let size = |r: &std::ops::Range<u32>| r.end - r.start;
+        assert_eq!(size(&chunks[0]), 8 / v - 1);
+        assert_eq!(size(chunks.last().unwrap()), 8 / v - 1);
+        assert!(chunks[1..chunks.len() - 1].iter().all(|r| size(r) == 8 / v));
+        // stage s holds chunks s, s + 16, …: 7, 8, …, 8, 7 layers
+        for s in 0..16 {
+            let held: u32 = (0..v).map(|i| size(&chunks[(i * 16 + s) as usize])).sum();
+            assert_eq!(held, st.of(s), "stage {s}");
+        }
+    }
+    // 3 slots per chunk do not divide 8; a first stage of 6 is no such split
+    assert!(c(3, None)
+        .check(&m, 1024)
+        .unwrap_err()
+        .to_string()
+        .contains("--virtual-stages 3"));
+    let e = c(2, Some(6)).check(&m, 1024).unwrap_err().to_string();
+    assert!(e.contains("the embedding and the loss counted as layers"), "{e}");
 }

@@ -570,3 +570,35 @@ fn uneven_pipeline_stages_train_what_one_process_trains() {
         assert_matches(&name, &pc, &results, &want);
     }
 }
+
+/// Interleaving over stages that count the embedding and the loss as layers (Megatron-LM's
+/// `--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`, as Llama 3
+/// 405B's 126 layers on 16 stages): 8 layers on 5 stages (1, 2, 2, 2, 1), 2 chunks per stage of
+/// one slot each, so the very first chunk holds only the embedding and the very last only the
+/// head; it trains what one process trains, with tp too.
+#[test]
+fn interleaved_stages_counting_the_embedding_and_the_loss_train_what_one_process_trains() {
+    let dir = tmp("interleave-ends");
+    let data = dataset(&dir);
+    let want = reference(&dir, &data, 2, 20);
+    for tp in [1u32, 2] {
+        let pc = ParallelConfig {
+            virtual_stages: 2,
+            ..layout(tp, 5, 1, 2, 20)
+        };
+        pc.check(&spec(), pc.gpus()).unwrap();
+        let split = pc.stage_layers(&spec()).unwrap();
+        assert!(split.accounts_for_ends(), "{split:?}");
+        let chunks: Vec<_> = (0..10).map(|k| split.chunk_range(k, 2)).collect();
+        assert_eq!(chunks[0], 0..0);
+        assert_eq!(chunks[1], 0..1);
+        assert_eq!(chunks[9], 8..8);
+        assert!(chunks.windows(2).all(|w| w[0].end == w[1].start), "{chunks:?}");
+        let name = format!("tp {tp} pp 5 v 2 chunks {chunks:?}");
+        let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
+            .collect();
+        assert_matches(&name, &pc, &results, &want);
+    }
+}

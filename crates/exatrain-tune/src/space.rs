@@ -213,12 +213,19 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     } else {
         s.sequence_parallel.clone()
     };
-    let per_stage = m.layers / pp;
     let microbatches = global_batch / (micro_batch * dp);
-    let virtual_stages: Vec<u32> = if pp == 1 || !s.interleave || microbatches % pp != 0 || m.layers % pp != 0 {
-        vec![1]
+    // interleaving needs equal stages, or (Megatron-LM's split that counts the embedding and the
+    // loss as layers) inner stages one layer longer than the two ends: chunks of per_stage / v
+    let per_stage = if m.layers % pp == 0 {
+        Some(m.layers / pp)
+    } else if pp > 2 && (m.layers + 2) % pp == 0 {
+        Some((m.layers + 2) / pp)
     } else {
-        divisors(per_stage).collect()
+        None
+    };
+    let virtual_stages: Vec<u32> = match per_stage {
+        Some(per) if pp > 1 && s.interleave && microbatches % pp == 0 => divisors(per).collect(),
+        _ => vec![1],
     };
     Options {
         shape,

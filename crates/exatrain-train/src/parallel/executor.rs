@@ -58,9 +58,8 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let (tp_i, dp_i, pp_i) = (tp_i as usize, dp_i as usize, pp_i as usize);
     let (pp, dp, v) = (pc.pp as usize, pc.dp as usize, pc.virtual_stages as usize);
     let stages = pp * v;
-    // uneven stages (plain 1F1B / GPipe only) as the planner splits them; interleaving is even
+    // the layers of each (virtual) stage as the planner splits them
     let split = pc.stage_layers(spec).map_err(|e| SpecError::new(e.to_string()))?;
-    let per_stage = shape.layers / stages;
     let m = pc.microbatches() as usize;
     let kind = match (v, sched) {
         (1, Schedule::GPipe) => Kind::GPipe,
@@ -92,12 +91,8 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let mut chunks: Vec<Chunk<B>> = (0..v)
         .map(|c| {
             let stage = c * pp + pp_i;
-            let layers = if v == 1 {
-                let r = split.range(stage as u32);
-                r.start as usize..r.end as usize
-            } else {
-                stage * per_stage..(stage + 1) * per_stage
-            };
+            let r = split.chunk_range(stage as u32, v as u32);
+            let layers = r.start as usize..r.end as usize;
             let part = Part {
                 layers,
                 embed: stage == 0,
