@@ -54,17 +54,16 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     if let Ok(st) = c.stage_layers(m) {
         if c.virtual_stages > 1 {
             // interleaved: an even split, or (uneven) the embedding and the loss counted as layers
-            let per_stage = if st.even() {
-                st.first
-            } else {
+            if !st.even() {
                 f.push("--account-for-embedding-in-pipeline-split".into());
                 f.push("--account-for-loss-in-pipeline-split".into());
-                st.middle
-            };
-            f.push(format!(
-                "--num-layers-per-virtual-pipeline-stage {}",
-                per_stage / c.virtual_stages
-            ));
+            }
+            if let Some(slots) = st.interleave_slots() {
+                f.push(format!(
+                    "--num-layers-per-virtual-pipeline-stage {}",
+                    slots / c.virtual_stages
+                ));
+            }
         } else if !st.even() {
             f.push(format!("--decoder-first-pipeline-num-layers {}", st.first));
             f.push(format!("--decoder-last-pipeline-num-layers {}", st.last));

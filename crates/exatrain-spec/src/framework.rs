@@ -178,7 +178,7 @@ impl Framework {
     ///   `--attention-backend unfused`): 16 < s < 16384, s divisible by 8;
     /// - Megatron-DeepSpeed (its own `FusedScaleMaskSoftmax.is_kernel_available`): 16 < s ≤ 4096,
     ///   s divisible by 4.
-    /// torchtitan: PyTorch's SDPA kernels take any shape.
+    /// - torchtitan: PyTorch's SDPA kernels take any shape.
     pub fn fused_softmax_fits(self, m: &ModelSpec, c: &ParallelConfig) -> bool {
         let s = m.seq_len;
         let batches = c.micro_batch as u64 * (m.heads / c.tp.max(1)) as u64;

@@ -288,6 +288,19 @@ impl StageLayers {
         self.pp > 2 && self.first + 1 == self.middle && self.last + 1 == self.middle
     }
 
+    /// The slots of each stage an interleaved schedule divides into `v` chunks: the layers of an
+    /// even split, the inner stages' layers of one that accounts for the ends, or None for any
+    /// other split (which cannot be interleaved).
+    pub fn interleave_slots(&self) -> Option<u32> {
+        if self.even() {
+            Some(self.first)
+        } else if self.accounts_for_ends() {
+            Some(self.middle)
+        } else {
+            None
+        }
+    }
+
     /// The layers of virtual stage `k` of `pp · v` (chunk `k / pp` of stage `k % pp`); with
     /// `v = 1` the stage's [`range`](Self::range). Interleaved, an even split gives every chunk
     /// `first / v` layers; a split that accounts for the ends gives every chunk `middle / v`
@@ -297,12 +310,11 @@ impl StageLayers {
         if v <= 1 {
             return self.range(k);
         }
+        let slots = self.interleave_slots().unwrap_or(self.first) / v;
         if self.even() {
-            let per = self.first / v;
-            return k * per..(k + 1) * per;
+            return k * slots..(k + 1) * slots;
         }
         let layers = self.first + self.middle * (self.pp - 2) + self.last;
-        let slots = self.middle / v;
         let start = (k * slots).saturating_sub(1).min(layers);
         let end = ((k + 1) * slots).saturating_sub(1).min(layers);
         start..end
@@ -480,16 +492,10 @@ impl ParallelConfig {
             if self.pp == 1 {
                 return Err(Invalid::VirtualNeedsPp);
             }
-            let per_stage = if stages.even() {
-                stages.first
-            } else if stages.accounts_for_ends() {
-                stages.middle
-            } else {
-                return Err(Invalid::InterleaveUneven {
-                    pp: self.pp,
-                    layers: model.layers,
-                });
-            };
+            let per_stage = stages.interleave_slots().ok_or(Invalid::InterleaveUneven {
+                pp: self.pp,
+                layers: model.layers,
+            })?;
             if per_stage % self.virtual_stages != 0 {
                 return Err(Invalid::VirtualStages {
                     virtual_stages: self.virtual_stages,

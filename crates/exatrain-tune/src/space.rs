@@ -215,14 +215,11 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     };
     let microbatches = global_batch / (micro_batch * dp);
     // interleaving needs equal stages, or (Megatron-LM's split that counts the embedding and the
-    // loss as layers) inner stages one layer longer than the two ends: chunks of per_stage / v
-    let per_stage = if m.layers % pp == 0 {
-        Some(m.layers / pp)
-    } else if pp > 2 && (m.layers + 2) % pp == 0 {
-        Some((m.layers + 2) / pp)
-    } else {
-        None
-    };
+    // loss as layers) inner stages one layer longer than the two ends: the default split's slots
+    let per_stage = ParallelConfig::new(1, pp, 1, 1, 1)
+        .stage_layers(m)
+        .ok()
+        .and_then(|st| st.interleave_slots());
     let virtual_stages: Vec<u32> = match per_stage {
         Some(per) if pp > 1 && s.interleave && microbatches % pp == 0 => divisors(per).collect(),
         _ => vec![1],
