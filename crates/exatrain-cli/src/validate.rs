@@ -83,6 +83,11 @@ pub struct Run {
     /// kernel where its constraints hold) | unfused (the stack had none, as Megatron-LM in 2019)
     #[serde(default = "fused")]
     pub softmax: String,
+    /// backward TP collectives overlapped with the column-parallel GEMMs where the framework does
+    /// it (`Framework::overlaps_tp_backward`): yes (default) | no (Megatron-LM before September
+    /// 2021, BLOOM's and MT-NLG's Megatron-DeepSpeed forks)
+    #[serde(default = "yes")]
+    pub async_tp: String,
 }
 
 fn dash() -> String {
@@ -102,7 +107,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 27] = [
+pub const COLUMNS: [&str; 28] = [
     "name",
     "params_b",
     "layers",
@@ -130,6 +135,7 @@ pub const COLUMNS: [&str; 27] = [
     "overlap_dp",
     "model",
     "softmax",
+    "async_tp",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -264,6 +270,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
             )))
         }
     };
+    cluster.stack.async_tp = yes_no(&run.async_tp, "async_tp", &run.name)?;
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,

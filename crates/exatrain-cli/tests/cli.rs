@@ -291,17 +291,28 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
         assert!(from > 0 && from < runs.len() - n + 1, "{}", r["source"]);
     }
     assert_eq!(total, runs.len());
-    // one short run of a source fixes most of its error: Korthikanti 2022's runs after fitting
-    // to its 22B run
+    // one short run of a source fixes most of its error: Shoeybi 2019's V100 (whose GEMM curve
+    // is an estimate) after fitting to its 1-GPU run
+    let sh = rows.iter().find(|r| r["source"] == "shoeybi2019").unwrap();
+    assert_eq!(sh["one_shot_run"], "shoeybi19-1.2b-1gpu");
+    let worst = |r: &serde_json::Value, key: &str| {
+        r[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_f64().unwrap().abs())
+            .fold(0.0, f64::max)
+    };
+    let (zero, one) = (worst(sh, "zero_shot_errors"), worst(sh, "one_shot_errors"));
+    assert!(
+        zero > 0.15 && one < 0.08,
+        "shoeybi2019: zero-shot max {zero}, one-shot {one}"
+    );
+    // Korthikanti 2022, never fitted to, zero-shot within 15 % (max) on every run
     let k = rows.iter().find(|r| r["source"] == "korthikanti2022").unwrap();
     assert_eq!(k["one_shot_run"], "k22-22b-full");
-    let worst = k["one_shot_errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_f64().unwrap().abs())
-        .fold(0.0, f64::max);
-    assert!(worst < 0.08, "one-shot max error on korthikanti2022 {worst}");
+    let k_zero = worst(k, "zero_shot_errors");
+    assert!(k_zero < 0.15, "zero-shot max error on korthikanti2022 {k_zero}");
     // Framework::compute_efficiency agrees with the runs: the stack factor fitted to all of
     // Megatron-DeepSpeed's runs (BLOOM, MT-NLG) is within 3 % of the one fitted to Megatron-LM's
     // (it was 0.870 against 1.030 before the constant carried the presets to Megatron-DeepSpeed)
@@ -367,6 +378,10 @@ fn validate_rejects_a_bad_csv() {
         (
             format!("{header},softmax\n{row},137,jit\n"),
             "softmax `jit` is not known (allowed: fused, unfused)",
+        ),
+        (
+            format!("{header},async_tp\n{row},137,sometimes\n"),
+            "async_tp `sometimes` is not known (allowed: yes, no)",
         ),
     ] {
         std::fs::write(&f, text).unwrap();
@@ -444,6 +459,34 @@ fn validate_prices_an_unfused_softmax() {
         pred("fused")
     );
     assert_eq!(pred("flash"), pred("flash-unfused"));
+}
+
+/// The `async_tp` column says whether the run's code overlapped the column-parallel linears'
+/// backward TP collectives with their GEMMs (Megatron-LM since September 2021): a TP-8 row that
+/// did is predicted faster; torchtitan's DTensor does not, whatever the row says; without TP there
+/// is nothing to overlap.
+#[test]
+fn validate_prices_asynchronous_tp_communication() {
+    let dir = std::env::temp_dir().join(format!("exatrain-val-atp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("runs.csv");
+    let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,framework,async_tp";
+    let tp8 = "22,48,6144,64,2048,51200,8,8,1,1,4,4,-,full,no,selene,step_s,1.42";
+    let tp1 = "1.7,24,2304,24,2048,51200,8,1,1,8,4,32,-,full,no,selene,step_s,1.0";
+    let text = format!(
+        "{header}
+on,{tp8},megatron-lm,yes
+off,{tp8},megatron-lm,no
+tt-on,{tp8},torchtitan,yes
+tt-off,{tp8},torchtitan,no
+small-on,{tp1},megatron-lm,yes
+small-off,{tp1},megatron-lm,no
+"
+    );
+    let pred = predicted(&f, &text);
+    assert!(pred("on") < 0.98 * pred("off"), "{} vs {}", pred("on"), pred("off"));
+    assert_eq!(pred("tt-on"), pred("tt-off"));
+    assert_eq!(pred("small-on"), pred("small-off"));
 }
 
 #[test]

@@ -156,6 +156,20 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
     }
 }
 
+/// Forward time of the block's two column-parallel GEMMs (QKV and the MLP's up/gate), whose
+/// backward data- and weight-gradient GEMMs each take as long.
+pub fn column_gemms(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> (f64, f64) {
+    let e = p.dtype.bytes();
+    let t = p.tp as f64;
+    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let h = m.hidden as f64;
+    let up = (m.mlp_matrices() - 1) as f64;
+    (
+        d.gemm(1.0, tokens, (m.q_dim() as f64 + 2.0 * m.kv_dim() as f64) / t, h, e),
+        d.gemm(1.0, tokens, up * m.ffn_hidden as f64 / t, h, e),
+    )
+}
+
 /// Forward + backward (+ recomputation) time of one block, one microbatch. Backward GEMMs cost
 /// twice the forward (data and weight gradients have the forward's dimensions); element-wise
 /// backward moves about twice the bytes; the attention core's backward is [`BlockTime::core_bwd`].

@@ -32,7 +32,8 @@ pub struct Memory {
 pub struct Times {
     /// Forward, backward and recomputation of the slowest pipeline stage, all microbatches.
     pub compute: f64,
-    /// Tensor-parallel collectives (not overlapped, as in Megatron-LM).
+    /// Tensor-parallel collectives, the part not overlapped with GEMMs (Megatron's asynchronous
+    /// backward collectives, `--tp-comm-overlap`).
     pub tp_comm: f64,
     /// Pipeline send/recv between stages.
     pub pp_comm: f64,
@@ -131,6 +132,21 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         0.0
     };
     let tp_block = collectives * per_pair + 2.0 * regather;
+    // Megatron's asynchronous TP communication: in backward the two column-parallel linears'
+    // input-gradient collectives run under their weight-gradient GEMMs and, with SP, the
+    // re-gathers under their data-gradient GEMMs; only what outlasts its GEMM is exposed.
+    let async_tp = c.stack.async_tp && c.stack.framework.is_some_and(|f| f.overlaps_tp_backward(p));
+    let tp_block = if async_tp && !p.overlap_tp && tp > 1 {
+        let (qkv, up) = compute::column_gemms(m, p, &d);
+        let input_grad = if p.sequence_parallel {
+            comm::reduce_scatter(act_msg, tp, tp_link)
+        } else {
+            comm::all_reduce(act_msg, tp, tp_link)
+        };
+        tp_block - input_grad.min(qkv) - input_grad.min(up) - regather.min(qkv) - regather.min(up)
+    } else {
+        tp_block
+    };
     // With TP communication overlap (Transformer Engine userbuffers) each all-gather /
     // reduce-scatter is split into t chunks pipelined with the GEMM next to it: only the first
     // chunk waits, unless the communication outlasts the block's GEMMs.
@@ -281,10 +297,11 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         }
     };
     // The tied embedding's gradient, all-reduced between the first and the last stage (pp > 1)
-    // after the data-parallel reduction (Megatron's embedding-grads all-reduce); its bytes are
-    // not data-parallel bytes, so only its time is added.
+    // after the data-parallel reduction (Megatron's embedding-grads all-reduce of the gradient
+    // buffer, DeepSpeed's `_exec_reduce_tied_grads` of the fp32 one), in the stack's gradient
+    // wire dtype; its bytes are not data-parallel bytes, so only its time is added.
     let dp_comm = if pp > 1 && m.tied_embeddings {
-        let emb = m.padded_vocab as f64 * m.hidden as f64 / tp as f64 * e;
+        let emb = m.padded_vocab as f64 * m.hidden as f64 / tp as f64 * red.grad_wire_bytes;
         dp_comm + comm::all_reduce(emb, 2, group_link(c, 2, p.stride(Dim::Pp) * (pp - 1)))
     } else {
         dp_comm

@@ -59,7 +59,9 @@ fn selective_recomputation_is_the_frameworks_own() {
 fn the_loss_is_priced_as_each_stack_computes_it() {
     use exatrain_cost::compute::{head_train, Device};
     use exatrain_spec::{Dtype, Framework};
-    let lm = presets::cluster("dgx-h100").unwrap();
+    let mut lm = presets::cluster("dgx-h100").unwrap();
+    // the trainer's TP collectives block; Megatron's backward ones overlap (priced apart)
+    lm.stack.async_tp = false;
     let mut trainer = lm.clone();
     trainer.stack.framework = None;
     let m = presets::model("llama3-8b").unwrap();
@@ -234,4 +236,65 @@ fn torchtitans_eager_elementwise_passes_are_priced() {
         Framework::Torchtitan.eager_elementwise_bytes_per_token(&g, &p),
         2.0 * 2.0 * g.q_dim() as f64
     );
+}
+
+/// Megatron's asynchronous TP communication hides the two column-parallel linears' backward
+/// input-gradient collectives under their weight-gradient GEMMs (and, with sequence parallelism,
+/// the input re-gathers under the data-gradient GEMMs); torchtitan and the trainer block.
+#[test]
+fn backward_tp_collectives_hide_under_the_column_parallel_gemms() {
+    use exatrain_cost::comm::{all_gather, all_reduce, group_link, reduce_scatter};
+    use exatrain_cost::compute::{column_gemms, Device};
+    use exatrain_spec::{Dtype, Framework};
+    let lm = presets::cluster("selene").unwrap();
+    let mut blocking = lm.clone();
+    blocking.stack.async_tp = false;
+    let m = presets::model("gpt-175b").unwrap();
+    // tp 8 on one node, 4 microbatches of one sequence, every block on one stage
+    let p = ParallelConfig::new(8, 1, 1, 1, 4);
+    let times = |c: &exatrain_spec::ClusterSpec, p: &ParallelConfig| exatrain_cost::plan(&m, c, p).unwrap().time_s;
+    let link = group_link(&lm, 8, 1);
+    let act = m.seq_len as f64 * m.hidden as f64 * 2.0;
+    let (qkv, up) = column_gemms(&m, &p, &Device::new(&lm, Dtype::Bf16));
+    let ar = all_reduce(act, 8, link);
+    // at this size each GEMM outlasts its collective: the whole collective hides
+    assert!(ar < qkv && ar < up, "{ar} {qkv} {up}");
+    let blocks = 4.0 * m.layers as f64;
+    let (a, b) = (times(&lm, &p), times(&blocking, &p));
+    assert!(
+        close(b.tp_comm - a.tp_comm, blocks * 2.0 * ar, 1e-9),
+        "{} {}",
+        a.tp_comm,
+        b.tp_comm
+    );
+    assert_eq!(a.compute, b.compute);
+    // with SP: the two reduce-scatters and the two re-gathers
+    let sp = ParallelConfig {
+        sequence_parallel: true,
+        ..p
+    };
+    let hidden = 2.0 * reduce_scatter(act, 8, link) + 2.0 * all_gather(act, 8, link);
+    let (a, b) = (times(&lm, &sp), times(&blocking, &sp));
+    assert!(close(b.tp_comm - a.tp_comm, blocks * hidden, 1e-9));
+    // torchtitan and the trainer (no framework) do not overlap them
+    for (fw, name) in [(Some(Framework::Torchtitan), "torchtitan"), (None, "trainer")] {
+        let (mut on, mut off) = (lm.clone(), blocking.clone());
+        on.stack.framework = fw;
+        off.stack.framework = fw;
+        assert_eq!(times(&on, &p).tp_comm, times(&off, &p).tp_comm, "{name}");
+    }
+    // Megatron-DeepSpeed turns the all-reduce's overlap off under DeepSpeed; its sequence-
+    // parallel path overlaps regardless
+    let (mut on, mut off) = (lm.clone(), blocking.clone());
+    on.stack.framework = Some(Framework::MegatronDeepspeed);
+    off.stack.framework = Some(Framework::MegatronDeepspeed);
+    assert_eq!(times(&on, &p).tp_comm, times(&off, &p).tp_comm);
+    assert!(close(
+        times(&off, &sp).tp_comm - times(&on, &sp).tp_comm,
+        blocks * hidden,
+        1e-9
+    ));
+    // --tp-comm-overlap prices its own overlap; the flag changes nothing there
+    let tpo = ParallelConfig { overlap_tp: true, ..sp };
+    assert_eq!(times(&lm, &tpo).tp_comm, times(&blocking, &tpo).tp_comm);
 }

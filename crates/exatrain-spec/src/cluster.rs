@@ -206,6 +206,12 @@ pub struct StackSpec {
     /// in 2019 and runs with `--no-masked-softmax-fusion`.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub fused_softmax: bool,
+    /// Whether the stack overlaps the column-parallel linears' backward TP collectives with
+    /// their GEMMs where its framework does ([`Framework::overlaps_tp_backward`]; never for
+    /// the trainer, whose collectives block). false: the code before that overlap (Megatron-LM
+    /// before September 2021, the Megatron-DeepSpeed forks that trained BLOOM and MT-NLG).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub async_tp: bool,
 }
 
 impl Default for StackSpec {
@@ -214,6 +220,7 @@ impl Default for StackSpec {
             compute_efficiency: 1.0,
             framework: None,
             fused_softmax: true,
+            async_tp: true,
         }
     }
 }

@@ -247,6 +247,27 @@ impl Framework {
         }
     }
 
+    /// Whether the framework overlaps the backward tensor-parallel collectives of the two
+    /// column-parallel linears (QKV, the MLP's up/gate) with their GEMMs: the input gradient's
+    /// all-reduce (with sequence parallelism its reduce-scatter) runs while the weight-gradient
+    /// GEMM does, and with sequence parallelism the input's re-gather while the data-gradient
+    /// GEMM does (`LinearWithGradAccumulationAndAsyncCommunication`).
+    /// - Megatron-LM: since September 2021, on by default (`--no-async-tensor-model-parallel-
+    ///   allreduce` turned it off until it became unconditional).
+    /// - Megatron-DeepSpeed (merged from Megatron-LM in 2023): its arguments turn the all-reduce's
+    ///   overlap off under `--deepspeed` ("incompatible with DeepSpeed"), but the sequence-parallel
+    ///   path overlaps regardless: only with sequence parallelism. The forks that trained BLOOM and
+    ///   MT-NLG had neither (their runs set `StackSpec.async_tp = false`).
+    /// - torchtitan: DTensor's backward reduces the input gradient after the matmul's backward
+    ///   node, which computes both gradients: no overlap (its async TP needs `torch.compile`).
+    pub fn overlaps_tp_backward(self, c: &ParallelConfig) -> bool {
+        match self {
+            Framework::MegatronLm => true,
+            Framework::MegatronDeepspeed => c.sequence_parallel,
+            Framework::Torchtitan => false,
+        }
+    }
+
     pub fn can_run(self, m: &ModelSpec, c: &ParallelConfig) -> Result<(), String> {
         let default_order = RankOrder::default();
         let uneven = c.stage_layers(m).is_ok_and(|s| !s.even());

@@ -138,6 +138,15 @@ pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack, priced_as: Option<Framew
                 "{g}'s gradient accumulation, without separate passes ({f}'s optimizer moves {bytes} bytes per parameter after each microbatch's backward)"
             ));
         }
+        // the backward TP collectives hidden under the GEMMs, which the framework does not do
+        // for this layout (Megatron-DeepSpeed only with sequence parallelism, torchtitan never)
+        if let Some(g) =
+            priced_as.filter(|g| c.tp > 1 && !c.overlap_tp && g.overlaps_tp_backward(c) && !f.overlaps_tp_backward(c))
+        {
+            out.push(format!(
+                "{g}'s asynchronous TP communication (backward collectives under the column-parallel GEMMs; {f} blocks on them in this layout)"
+            ));
+        }
         if let Some(g) = priced_as.filter(|g| g.compute_efficiency() > f.compute_efficiency()) {
             out.push(format!(
                 "{g}'s kernel efficiency ({f} reaches {:.1} % of it on the published runs)",
