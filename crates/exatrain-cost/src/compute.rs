@@ -68,6 +68,10 @@ impl Device {
 pub struct BlockTime {
     /// The four weight GEMMs (QKV, attention out, MLP up/gate, MLP down).
     pub gemm: f64,
+    /// Of those, the two column-parallel ones, QKV and the MLP's up/gate, whose backward data- and
+    /// weight-gradient GEMMs each take as long (what Megatron's asynchronous TP communication
+    /// hides collectives under).
+    pub column_gemms: [f64; 2],
     /// The attention core: QKᵀ, softmax, dropout, ·V (or one fused flash kernel).
     pub core: f64,
     /// The attention core's backward.
@@ -99,10 +103,9 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
     let heads = m.heads as f64 / t;
     let hd = m.head_dim as f64;
 
-    let gemm = d.gemm(1.0, tokens, (q + 2.0 * kv) / t, h, e)
-        + d.gemm(1.0, tokens, h, q / t, e)
-        + d.gemm(1.0, tokens, up * f / t, h, e)
-        + d.gemm(1.0, tokens, h, f / t, e);
+    let qkv = d.gemm(1.0, tokens, (q + 2.0 * kv) / t, h, e);
+    let up_gate = d.gemm(1.0, tokens, up * f / t, h, e);
+    let gemm = qkv + d.gemm(1.0, tokens, h, q / t, e) + up_gate + d.gemm(1.0, tokens, h, f / t, e);
 
     let (core, core_bwd) = if p.flash_attention {
         // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM. Its
@@ -150,31 +153,22 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
     let elementwise = d.stream(norms + residual + act + rope + tokens * eager);
     BlockTime {
         gemm,
+        column_gemms: [qkv, up_gate],
         core,
         core_bwd,
         elementwise,
     }
 }
 
-/// Forward time of the block's two column-parallel GEMMs (QKV and the MLP's up/gate), whose
-/// backward data- and weight-gradient GEMMs each take as long.
-pub fn column_gemms(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> (f64, f64) {
-    let e = p.dtype.bytes();
-    let t = p.tp as f64;
-    let tokens = p.micro_batch as f64 * m.seq_len as f64;
-    let h = m.hidden as f64;
-    let up = (m.mlp_matrices() - 1) as f64;
-    (
-        d.gemm(1.0, tokens, (m.q_dim() as f64 + 2.0 * m.kv_dim() as f64) / t, h, e),
-        d.gemm(1.0, tokens, up * m.ffn_hidden as f64 / t, h, e),
-    )
-}
-
 /// Forward + backward (+ recomputation) time of one block, one microbatch. Backward GEMMs cost
 /// twice the forward (data and weight gradients have the forward's dimensions); element-wise
 /// backward moves about twice the bytes; the attention core's backward is [`BlockTime::core_bwd`].
 pub fn block_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
-    let fwd = block_forward(m, p, d);
+    block_train_of(m, p, d, &block_forward(m, p, d))
+}
+
+/// [`block_train`] of a block whose forward ([`block_forward`]) is already priced.
+pub fn block_train_of(m: &ModelSpec, p: &ParallelConfig, d: &Device, fwd: &BlockTime) -> f64 {
     let bwd = 2.0 * fwd.gemm + fwd.core_bwd + 2.0 * fwd.elementwise;
     let recompute = match p.recompute {
         exatrain_spec::Recompute::None => 0.0,

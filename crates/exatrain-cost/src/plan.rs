@@ -99,7 +99,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let act_msg = tokens * m.hidden as f64 * e; // one full activation tensor
 
     // --- per microbatch, per stage: compute and TP communication
-    let block = compute::block_train(m, p, &d);
+    let fwd = compute::block_forward(m, p, &d);
+    let block = compute::block_train_of(m, p, &d, &fwd);
     let emb = compute::embedding_train(m, p, &d);
     let head = compute::head_train(m, p, &d);
     // the framework's own gradient-accumulation passes after each backward, per stage
@@ -137,7 +138,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // re-gathers under their data-gradient GEMMs; only what outlasts its GEMM is exposed.
     let async_tp = c.stack.async_tp && c.stack.framework.is_some_and(|f| f.overlaps_tp_backward(p));
     let tp_block = if async_tp && !p.overlap_tp && tp > 1 {
-        let (qkv, up) = compute::column_gemms(m, p, &d);
+        let [qkv, up] = fwd.column_gemms;
         let input_grad = if p.sequence_parallel {
             comm::reduce_scatter(act_msg, tp, tp_link)
         } else {
@@ -152,7 +153,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // chunk waits, unless the communication outlasts the block's GEMMs.
     let tp_block = if p.overlap_tp && tp > 1 {
         let passes = if p.recompute == Recompute::Full { 4.0 } else { 3.0 };
-        let gemm = passes * compute::block_forward(m, p, &d).gemm;
+        let gemm = passes * fwd.gemm;
         (tp_block - gemm).max(tp_block / tp as f64)
     } else {
         tp_block

@@ -244,7 +244,7 @@ fn torchtitans_eager_elementwise_passes_are_priced() {
 #[test]
 fn backward_tp_collectives_hide_under_the_column_parallel_gemms() {
     use exatrain_cost::comm::{all_gather, all_reduce, group_link, reduce_scatter};
-    use exatrain_cost::compute::{column_gemms, Device};
+    use exatrain_cost::compute::{block_forward, Device};
     use exatrain_spec::{Dtype, Framework};
     let lm = presets::cluster("selene").unwrap();
     let mut blocking = lm.clone();
@@ -255,7 +255,7 @@ fn backward_tp_collectives_hide_under_the_column_parallel_gemms() {
     let times = |c: &exatrain_spec::ClusterSpec, p: &ParallelConfig| exatrain_cost::plan(&m, c, p).unwrap().time_s;
     let link = group_link(&lm, 8, 1);
     let act = m.seq_len as f64 * m.hidden as f64 * 2.0;
-    let (qkv, up) = column_gemms(&m, &p, &Device::new(&lm, Dtype::Bf16));
+    let [qkv, up] = block_forward(&m, &p, &Device::new(&lm, Dtype::Bf16)).column_gemms;
     let ar = all_reduce(act, 8, link);
     // at this size each GEMM outlasts its collective: the whole collective hides
     assert!(ar < qkv && ar < up, "{ar} {qkv} {up}");
