@@ -88,6 +88,10 @@ pub struct Run {
     /// 2021, BLOOM's and MT-NLG's Megatron-DeepSpeed forks)
     #[serde(default = "yes")]
     pub async_tp: String,
+    /// the linears' biases added inside the GELU and dropout-residual kernels (Megatron's bias
+    /// fusions, on since September 2020): yes (default) | no (Megatron-LM of 2019)
+    #[serde(default = "yes")]
+    pub bias_fusion: String,
 }
 
 fn dash() -> String {
@@ -107,7 +111,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 28] = [
+pub const COLUMNS: [&str; 29] = [
     "name",
     "params_b",
     "layers",
@@ -136,6 +140,7 @@ pub const COLUMNS: [&str; 28] = [
     "model",
     "softmax",
     "async_tp",
+    "bias_fusion",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -271,6 +276,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         }
     };
     cluster.stack.async_tp = yes_no(&run.async_tp, "async_tp", &run.name)?;
+    cluster.stack.bias_fusion = yes_no(&run.bias_fusion, "bias_fusion", &run.name)?;
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,

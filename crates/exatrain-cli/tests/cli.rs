@@ -305,7 +305,7 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
     };
     let (zero, one) = (worst(sh, "zero_shot_errors"), worst(sh, "one_shot_errors"));
     assert!(
-        zero > 0.15 && one < 0.08,
+        one < 0.6 * zero && one < 0.08,
         "shoeybi2019: zero-shot max {zero}, one-shot {one}"
     );
     // Korthikanti 2022, never fitted to, zero-shot within 15 % (max) on every run
@@ -383,6 +383,10 @@ fn validate_rejects_a_bad_csv() {
             format!("{header},async_tp\n{row},137,sometimes\n"),
             "async_tp `sometimes` is not known (allowed: yes, no)",
         ),
+        (
+            format!("{header},bias_fusion\n{row},137,partly\n"),
+            "bias_fusion `partly` is not known (allowed: yes, no)",
+        ),
     ] {
         std::fs::write(&f, text).unwrap();
         let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
@@ -459,6 +463,15 @@ fn validate_prices_an_unfused_softmax() {
         pred("fused")
     );
     assert_eq!(pred("flash"), pred("flash-unfused"));
+    // without Megatron's bias fusions (2019) the biases and dropouts are passes of their own
+    let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,bias_fusion";
+    let pred = predicted(&f, &format!("{header}\nfused,{row},yes\nunfused,{row},no\n"));
+    assert!(
+        pred("unfused") < 0.97 * pred("fused"),
+        "{} vs {}",
+        pred("unfused"),
+        pred("fused")
+    );
 }
 
 /// The `async_tp` column says whether the run's code overlapped the column-parallel linears'

@@ -25,6 +25,8 @@ pub struct Device {
     pub framework: Option<Framework>,
     /// The stack has a fused scale-mask-softmax kernel (`StackSpec.fused_softmax`).
     pub fused_softmax: bool,
+    /// The stack adds the linears' biases inside the next kernel (`StackSpec.bias_fusion`).
+    pub bias_fusion: bool,
 }
 
 impl Device {
@@ -42,6 +44,7 @@ impl Device {
             loss_bytes: c.stack.framework.map_or(12.0, |f| f.loss_bytes_per_logit(dtype)),
             framework: c.stack.framework,
             fused_softmax: c.stack.fused_softmax,
+            bias_fusion: c.stack.bias_fusion,
         }
     }
 
@@ -148,9 +151,22 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         exatrain_spec::Position::Rope => 2.0 * tokens * (q + kv) / t * e,
         exatrain_spec::Position::Learned => 0.0,
     };
+    // Without bias fusion each bias is a read-write pass of its own — the two column-parallel
+    // outputs' and, after the row-parallel reductions, the two residual sites' — and each dropout
+    // one apart from its residual add.
+    let unfused_bias = if d.bias_fusion {
+        0.0
+    } else {
+        let biases = if m.bias {
+            2.0 * e * (tokens * (q + 2.0 * kv + up * f) / t + 2.0 * region)
+        } else {
+            0.0
+        };
+        biases + if m.dropout { 2.0 * 2.0 * e * region } else { 0.0 }
+    };
     // the framework's own eager element-wise passes beyond these fused kernels
     let eager = d.framework.map_or(0.0, |fw| fw.eager_elementwise_bytes_per_token(m, p));
-    let elementwise = d.stream(norms + residual + act + rope + tokens * eager);
+    let elementwise = d.stream(norms + residual + act + rope + unfused_bias + tokens * eager);
     BlockTime {
         gemm,
         column_gemms: [qkv, up_gate],

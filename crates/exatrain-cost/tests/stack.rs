@@ -298,3 +298,35 @@ fn backward_tp_collectives_hide_under_the_column_parallel_gemms() {
     let tpo = ParallelConfig { overlap_tp: true, ..sp };
     assert_eq!(times(&lm, &tpo).tp_comm, times(&blocking, &tpo).tp_comm);
 }
+
+/// Without Megatron's bias fusions (Megatron-LM of 2019) every bias is a read-write pass of its
+/// own — the QKV and up projections' outputs and the two residual sites after the row-parallel
+/// reductions — and each dropout runs apart from its residual add: exactly those bytes more.
+#[test]
+fn unfused_biases_and_dropouts_are_passes_of_their_own() {
+    use exatrain_cost::compute::{block_forward, Device};
+    use exatrain_spec::Dtype;
+    let fused = presets::cluster("selene").unwrap();
+    let mut unfused = fused.clone();
+    unfused.stack.bias_fusion = false;
+    let m = presets::model("gpt-22b").unwrap();
+    assert!(m.bias && m.dropout);
+    let p = ParallelConfig::new(8, 1, 1, 2, 8);
+    let (df, du) = (Device::new(&fused, Dtype::Bf16), Device::new(&unfused, Dtype::Bf16));
+    let (a, b) = (block_forward(&m, &p, &df), block_forward(&m, &p, &du));
+    let tokens = 2.0 * m.seq_len as f64;
+    let h = m.hidden as f64;
+    // per token: QKV (3h/t) and up (4h/t) bias passes, two residual-site bias passes and two
+    // dropout passes over h (no sequence parallelism), each a read and a write of 2 bytes
+    let bytes = tokens * 4.0 * (7.0 * h / 8.0 + 2.0 * h + 2.0 * h);
+    assert!(close(b.elementwise - a.elementwise, df.stream(bytes), 1e-9));
+    assert_eq!((a.gemm, a.core), (b.gemm, b.core));
+    // sequence parallelism shards the residual sites' passes, not the column outputs'
+    let sp = ParallelConfig {
+        sequence_parallel: true,
+        ..p
+    };
+    let extra = block_forward(&m, &sp, &du).elementwise - block_forward(&m, &sp, &df).elementwise;
+    let bytes = tokens * 4.0 * (7.0 * h / 8.0 + 4.0 * h / 8.0);
+    assert!(close(extra, df.stream(bytes), 1e-9));
+}

@@ -212,6 +212,14 @@ pub struct StackSpec {
     /// before September 2021, the Megatron-DeepSpeed forks that trained BLOOM and MT-NLG).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub async_tp: bool,
+    /// Whether the linears' biases are added inside the next kernel: Megatron's
+    /// `--bias-gelu-fusion` and `--bias-dropout-fusion` (both on by default since September
+    /// 2020; the trainer's kernels too). false: a pass of its own for each bias, and the dropout
+    /// apart from the residual add, as Megatron-LM ran in 2019 (`F.linear` on 3-D inputs adds the
+    /// bias separately, `output_ + self.bias` after the row-parallel reduction,
+    /// `torch.nn.Dropout`, then `+`).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub bias_fusion: bool,
 }
 
 impl Default for StackSpec {
@@ -221,6 +229,7 @@ impl Default for StackSpec {
             framework: None,
             fused_softmax: true,
             async_tp: true,
+            bias_fusion: true,
         }
     }
 }
