@@ -21,8 +21,8 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with_all = ["model", "cluster"])]
     pub run: Option<std::path::PathBuf>,
     /// Price the layout as this framework runs it (megatron-lm, megatron-deepspeed,
-    /// torchtitan): its kernel efficiency, gradient reduction and accumulation, selective
-    /// recomputation, softmax kernel and loss. Default:
+    /// torchtitan): its kernel efficiency, gradient reduction and accumulation, overlap of the
+    /// backward TP collectives, selective recomputation, softmax kernel and loss. Default:
     /// the framework the cluster's stack was measured with (the presets: megatron-lm).
     #[arg(long)]
     pub framework: Option<String>,
