@@ -203,3 +203,42 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
     );
     assert!(sentence(e).contains("runs the recommended layout itself"));
 }
+
+/// A TP layout without sequence parallelism, priced with Megatron-LM (which hides the backward TP
+/// all-reduces under the GEMMs), needs that overlap from Megatron-DeepSpeed, which switches it off
+/// under DeepSpeed; with sequence parallelism both overlap and nothing is named; torchtitan never.
+#[test]
+fn the_explanation_names_the_asynchronous_tp_communication_a_stack_lacks() {
+    use exatrain_spec::{Framework, ParallelConfig};
+    use exatrain_study::explain::{needs, Stack};
+    let m = presets::model("gpt-175b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let point = |config: ParallelConfig| exatrain_study::Point {
+        global_batch: config.global_batch,
+        plan: exatrain_cost::plan(&m, &c, &config).unwrap(),
+        config,
+    };
+    let stack = |f: Framework| Stack {
+        framework: Some(f),
+        zero: vec![0, 1],
+        flash_attention: true,
+    };
+    let no_sp = ParallelConfig {
+        zero: 1,
+        flash_attention: true,
+        ..ParallelConfig::new(8, 16, 8, 1, 1024)
+    };
+    let said = |cfg: ParallelConfig, f: Framework| {
+        needs(&m, &point(cfg), &stack(f), Some(Framework::MegatronLm))
+            .join("; ")
+            .contains("megatron-lm's asynchronous TP communication")
+    };
+    assert!(said(no_sp, Framework::MegatronDeepspeed));
+    let sp = ParallelConfig {
+        sequence_parallel: true,
+        ..no_sp
+    };
+    assert!(!said(sp, Framework::MegatronDeepspeed));
+    assert!(said(sp, Framework::Torchtitan));
+    assert!(!said(no_sp, Framework::MegatronLm));
+}
