@@ -78,10 +78,10 @@ pub fn parse_tokens(s: &str) -> Result<f64, SpecError> {
         Some('P') => (&t[..t.len() - 1], 1e15),
         _ => (t, 1.0),
     };
-    match num.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v * mul),
+    match num.parse::<f64>().map(|v| v * mul) {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
         Ok(_) => Err(SpecError::new(format!(
-            "--tokens {s}: the token budget must be positive"
+            "--tokens {s}: the token budget must be positive and finite"
         ))),
         Err(_) => Err(SpecError::new(format!(
             "--tokens {s} is not a number (e.g. 20T, 300B, 1.5e12)"
@@ -186,7 +186,9 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         return Err(SpecError::new("--global-batch must be a positive integer"));
     }
     if !(a.tokens_per_param.is_finite() && a.tokens_per_param > 0.0) {
-        return Err(SpecError::new("--tokens-per-param: the token budget must be positive"));
+        return Err(SpecError::new(
+            "--tokens-per-param: the token budget must be positive and finite",
+        ));
     }
     let compare = match (&a.compare, &a.compare_zero, a.compare_no_flash) {
         (None, None, false) => None,

@@ -317,14 +317,36 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
             run.name, run.measured
         )));
     }
-    Ok(Case {
+    let case = Case {
         model,
         cluster,
         framework,
         cfg,
         metric: run.metric.clone(),
         measured: run.measured,
-    })
+    };
+    // No run beats its devices' peak: the FLOP/s per GPU the metric implies (hardware FLOPs for
+    // hfu_tflops, model FLOPs otherwise) over the dense peak is at most 1.
+    let peak = exatrain_cost::compute::Device::new(&case.cluster, case.cfg.dtype).peak;
+    let share = match case.metric.as_str() {
+        "hfu_tflops" => case.measured * 1e12 / peak,
+        _ => {
+            flops::model_step(&case.model, case.cfg.global_batch)
+                / (measured_step(&case) * case.cfg.gpus() as f64 * peak)
+        }
+    };
+    if !(share <= 1.0) {
+        return Err(SpecError::new(format!(
+            "run {}: measured {} ({}) means {:.1} % of the devices' peak ({} TFLOP/s on {}): more than a run can reach",
+            run.name,
+            run.measured,
+            run.metric,
+            100.0 * share,
+            peak / 1e12,
+            run.cluster
+        )));
+    }
+    Ok(case)
 }
 
 /// Median |relative error| of `cases` on `cluster` with the GEMM curve replaced by `g`.

@@ -121,6 +121,10 @@ fn export_from_flags_and_from_a_tune_result() {
 fn study_and_export_bad_input() {
     let cases: &[(&[&str], &str)] = &[
         (&["study", "--tokens", "0"], "the token budget must be positive"),
+        (
+            &["study", "--tokens", "1e300T"],
+            "--tokens 1e300T: the token budget must be positive and finite",
+        ),
         (&["study", "--tokens", "lots"], "is not a number"),
         (&["study", "--nodes", "0"], "--nodes 0 is not a positive integer"),
         (
