@@ -1,24 +1,9 @@
 //! End-to-end tests of the `exatrain` binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(args)
-        .output()
-        .expect("runs")
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = exatrain(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
+use std::process::Output;
+mod common;
+use common::{exatrain, json};
 
 #[test]
 fn plan_default_is_175b_on_128_frontier_nodes_with_every_field() {

@@ -6,13 +6,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(args)
-        .output()
-        .expect("runs")
-}
+mod common;
+use common::exatrain;
 
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

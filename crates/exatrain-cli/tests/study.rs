@@ -1,13 +1,7 @@
 //! `exatrain study` and `exatrain export` end to end.
 
-use std::process::{Command, Output};
-
-fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(args)
-        .output()
-        .expect("runs")
-}
+mod common;
+use common::exatrain;
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("exatrain-study-{}-{name}", std::process::id()));

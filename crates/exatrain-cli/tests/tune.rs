@@ -1,15 +1,10 @@
 //! `exatrain tune` end to end: exhaustive output, a search killed mid-way and resumed.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(args)
-        .output()
-        .expect("runs")
-}
+mod common;
+use common::exatrain;
 
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("exatrain-tune-{}-{name}", std::process::id()));

@@ -1,24 +1,8 @@
 //! End-to-end tests of `exatrain validate`: the planner against published runs, per source, and
 //! how a runs file's columns reach the plan.
 
-use std::process::{Command, Output};
-
-fn exatrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_exatrain"))
-        .args(args)
-        .output()
-        .expect("runs")
-}
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = exatrain(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
+mod common;
+use common::{exatrain, json};
 
 #[test]
 fn validate_median_error_on_published_runs_is_at_most_5_percent() {
