@@ -82,6 +82,11 @@ pub struct LayoutArgs {
 impl LayoutArgs {
     /// The config, checked against the model.
     pub fn config(&self, model: &ModelSpec) -> Result<ParallelConfig, SpecError> {
+        for (v, flag) in [(self.gpus, "gpus"), (self.tp, "tp"), (self.pp, "pp")] {
+            if v == 0 {
+                return Err(exatrain_spec::Invalid::ZeroSize(flag).into());
+            }
+        }
         let cells = self.tp as u64 * self.pp as u64;
         let dp = match self.dp {
             Some(d) => d,

@@ -156,6 +156,12 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
             &["plan", "--gpus", "1000"],
             "--gpus 1000 is not divisible by --tp 4 × --pp 16",
         ),
+        (&["plan", "--gpus", "0"], "--gpus must be a positive integer"),
+        (&["plan", "--tp", "0"], "--tp must be a positive integer"),
+        (
+            &["export", "--format", "megatron-lm", "--pp", "0"],
+            "--pp must be a positive integer",
+        ),
         (
             &["train", "--ranks", "3", "--tp", "3"],
             "--tp 3 does not divide 4 heads",
