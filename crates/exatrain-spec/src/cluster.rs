@@ -378,8 +378,15 @@ impl ClusterSpec {
             )));
         }
         let w = &self.network;
-        if !(w.intra_latency_us >= 0.0 && w.inter_latency_us >= 0.0) {
-            return Err(SpecError::new("cluster: `network.*_latency_us` must be ≥ 0"));
+        for (v, f) in [
+            (w.intra_latency_us, "intra_latency_us"),
+            (w.inter_latency_us, "inter_latency_us"),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(SpecError::new(format!(
+                    "cluster: `network.{f}` must be a finite number ≥ 0, got {v}"
+                )));
+            }
         }
         fraction(w.efficiency, "network.efficiency")?;
         let x = self.stack.compute_efficiency;
@@ -388,8 +395,11 @@ impl ClusterSpec {
                 "cluster: `stack.compute_efficiency` must be in (0, 10], got {x}"
             )));
         }
-        if !(self.reserved_gib >= 0.0) {
-            return Err(SpecError::new("cluster: `reserved_gib` must be ≥ 0"));
+        if !(self.reserved_gib >= 0.0 && self.reserved_gib < d.hbm_gib) {
+            return Err(SpecError::new(format!(
+                "cluster: `reserved_gib` must be ≥ 0 and less than `device.hbm_gib` ({}), got {}",
+                d.hbm_gib, self.reserved_gib
+            )));
         }
         if !(0.0..1.0).contains(&self.fragmentation) {
             return Err(SpecError::new("cluster: `fragmentation` must be in [0, 1)"));

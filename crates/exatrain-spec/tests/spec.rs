@@ -423,3 +423,33 @@ fn interleaving_over_stages_that_count_the_embedding_and_the_loss() {
     let e = c(2, Some(6)).check(&m, 1024).unwrap_err().to_string();
     assert!(e.contains("the embedding and the loss counted as layers"), "{e}");
 }
+
+/// A cluster that reserves more memory than its devices have, or whose latency is infinite, is
+/// refused with the field named (each would make every plan meaningless, not fail).
+#[test]
+fn impossible_memory_reserve_and_infinite_latency_are_named() {
+    let base = toml::to_string(&presets::cluster("selene").unwrap()).unwrap();
+    for (from, to, says) in [
+        (
+            "reserved_gib = 1.5",
+            "reserved_gib = 1e9",
+            "`reserved_gib` must be ≥ 0 and less than `device.hbm_gib` (80)",
+        ),
+        (
+            "intra_latency_us = 5.0",
+            "intra_latency_us = inf",
+            "`network.intra_latency_us` must be a finite number ≥ 0, got inf",
+        ),
+        (
+            "inter_latency_us = 8.0",
+            "inter_latency_us = -1.0",
+            "`network.inter_latency_us` must be a finite number ≥ 0, got -1",
+        ),
+    ] {
+        assert!(base.contains(from), "{from} in {base}");
+        let e = load::cluster_from_str(&base.replace(from, to), false, "c.toml")
+            .unwrap_err()
+            .0;
+        assert!(e.contains(says), "{says}: {e}");
+    }
+}
