@@ -215,7 +215,7 @@ pub fn measured_step(c: &Case) -> f64 {
         "tflops" => flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * 1e12 * gpus),
         "step_s" => c.measured,
         _ => {
-            let peak = exatrain_cost::compute::Device::new(&c.cluster, c.cfg.dtype).peak;
+            let peak = c.cluster.device.peak_flops(c.cfg.dtype);
             flops::model_step(&c.model, c.cfg.global_batch) / (c.measured * peak * gpus)
         }
     }
@@ -327,7 +327,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     };
     // No run beats its devices' peak: the FLOP/s per GPU the metric implies (hardware FLOPs for
     // hfu_tflops, model FLOPs otherwise) over the dense peak is at most 1.
-    let peak = exatrain_cost::compute::Device::new(&case.cluster, case.cfg.dtype).peak;
+    let peak = case.cluster.device.peak_flops(case.cfg.dtype);
     let share = match case.metric.as_str() {
         "hfu_tflops" => case.measured * 1e12 / peak,
         _ => {

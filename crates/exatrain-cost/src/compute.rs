@@ -31,12 +31,8 @@ pub struct Device {
 
 impl Device {
     pub fn new(c: &ClusterSpec, dtype: Dtype) -> Self {
-        let tflops = match dtype {
-            Dtype::Bf16 => c.device.peak_tflops_bf16,
-            Dtype::Fp32 => c.device.peak_tflops_fp32,
-        };
         Device {
-            peak: tflops * 1e12,
+            peak: c.device.peak_flops(dtype),
             mem_bw: c.device.hbm_gbps * 1e9 * c.device.memory_efficiency,
             gemm: c.device.gemm,
             gemm_table: GemmCorrection::new(&c.device.gemm, &c.device.gemm_table),

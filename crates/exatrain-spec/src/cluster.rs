@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{Framework, SpecError};
+use crate::{Dtype, Framework, SpecError};
 
 /// How well one device's dense GEMMs use its peak, by problem size:
 /// `eff(m, n, k) = max_efficiency · d / (d + half_size)` with `d = 3 / (1/m + 1/n + 1/k)`
@@ -103,6 +103,16 @@ pub struct DeviceSpec {
     /// corrected toward them (`GemmCorrection`). Empty: the curve alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gemm_table: Vec<GemmMeasure>,
+}
+
+impl DeviceSpec {
+    /// Dense peak in FLOP/s for a training precision.
+    pub fn peak_flops(&self, dtype: Dtype) -> f64 {
+        1e12 * match dtype {
+            Dtype::Bf16 => self.peak_tflops_bf16,
+            Dtype::Fp32 => self.peak_tflops_fp32,
+        }
+    }
 }
 
 fn default_mem_eff() -> f64 {
