@@ -303,6 +303,30 @@ fn pos(v: f64, field: &str) -> Result<(), SpecError> {
     }
 }
 
+/// A positive quantity given in units of `unit` base units (TFLOP/s: 1e12, GB/s: 1e9) that
+/// stays finite in base units: `1e308` TFLOP/s would be an infinite FLOP/s and an MFU of 0.
+fn rate(v: f64, unit: f64, field: &str) -> Result<(), SpecError> {
+    pos(v, field)?;
+    if (v * unit).is_finite() {
+        Ok(())
+    } else {
+        Err(SpecError::new(format!(
+            "cluster: `{field}` must be a positive number below {:.3e}, got {v:e}",
+            f64::MAX / unit
+        )))
+    }
+}
+
+fn nonneg(v: f64, field: &str) -> Result<(), SpecError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(SpecError::new(format!(
+            "cluster: `{field}` must be a finite number ≥ 0, got {v}"
+        )))
+    }
+}
+
 fn fraction(v: f64, field: &str) -> Result<(), SpecError> {
     if v.is_finite() && v > 0.0 && v <= 1.0 {
         Ok(())
@@ -334,15 +358,13 @@ impl ClusterSpec {
     /// Check every field; the cost model assumes a validated spec.
     pub fn validate(&self) -> Result<(), SpecError> {
         let d = &self.device;
-        pos(d.peak_tflops_bf16, "device.peak_tflops_bf16")?;
-        pos(d.peak_tflops_fp32, "device.peak_tflops_fp32")?;
-        pos(d.hbm_gib, "device.hbm_gib")?;
-        pos(d.hbm_gbps, "device.hbm_gbps")?;
+        rate(d.peak_tflops_bf16, 1e12, "device.peak_tflops_bf16")?;
+        rate(d.peak_tflops_fp32, 1e12, "device.peak_tflops_fp32")?;
+        rate(d.hbm_gib, (1u64 << 30) as f64, "device.hbm_gib")?;
+        rate(d.hbm_gbps, 1e9, "device.hbm_gbps")?;
         fraction(d.memory_efficiency, "device.memory_efficiency")?;
         fraction(d.gemm.max_efficiency, "device.gemm.max_efficiency")?;
-        if !(d.gemm.half_size.is_finite() && d.gemm.half_size >= 0.0) {
-            return Err(SpecError::new("cluster: `device.gemm.half_size` must be ≥ 0"));
-        }
+        nonneg(d.gemm.half_size, "device.gemm.half_size")?;
         if d.gemm_table.len() > GEMM_TABLE_MAX {
             return Err(SpecError::new(format!(
                 "cluster: `device.gemm_table` holds {} entries (at most {GEMM_TABLE_MAX})",
@@ -366,13 +388,13 @@ impl ClusterSpec {
         if n.nics == 0 {
             return Err(SpecError::new("cluster: `node.nics` must be a positive integer"));
         }
-        pos(n.nic_gbps, "node.nic_gbps")?;
+        rate(n.nic_gbps, 1e9, "node.nic_gbps")?;
         if n.links.is_empty() && n.devices > 1 {
             return Err(SpecError::new("cluster: `node.links` needs at least one link class"));
         }
         let mut last = 0;
         for (i, l) in n.links.iter().enumerate() {
-            pos(l.gbps, &format!("node.links[{i}].gbps"))?;
+            rate(l.gbps, 1e9, &format!("node.links[{i}].gbps"))?;
             if l.span <= last || n.devices % l.span != 0 {
                 return Err(SpecError::new(format!(
                     "cluster: `node.links[{i}].span` {} must grow from class to class and divide node.devices {}",
@@ -388,16 +410,8 @@ impl ClusterSpec {
             )));
         }
         let w = &self.network;
-        for (v, f) in [
-            (w.intra_latency_us, "intra_latency_us"),
-            (w.inter_latency_us, "inter_latency_us"),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(SpecError::new(format!(
-                    "cluster: `network.{f}` must be a finite number ≥ 0, got {v}"
-                )));
-            }
-        }
+        nonneg(w.intra_latency_us, "network.intra_latency_us")?;
+        nonneg(w.inter_latency_us, "network.inter_latency_us")?;
         fraction(w.efficiency, "network.efficiency")?;
         let x = self.stack.compute_efficiency;
         if !(x.is_finite() && x > 0.0 && x <= 10.0) {
@@ -415,19 +429,17 @@ impl ClusterSpec {
             return Err(SpecError::new("cluster: `fragmentation` must be in [0, 1)"));
         }
         let s = &self.system;
-        for (v, f) in [
-            (s.node_mtbf_hours, "system.node_mtbf_hours"),
-            (s.checkpoint_write_gbps, "system.checkpoint_write_gbps"),
-            (s.node_power_kw, "system.node_power_kw"),
+        for (v, unit, f) in [
+            (s.node_mtbf_hours, 3600.0, "system.node_mtbf_hours"),
+            (s.checkpoint_write_gbps, 1e9, "system.checkpoint_write_gbps"),
+            (s.node_power_kw, 1e3, "system.node_power_kw"),
         ] {
             if let Some(v) = v {
-                pos(v, f)?;
+                rate(v, unit, f)?;
             }
         }
         if let Some(r) = s.restart_s {
-            if !(r >= 0.0) {
-                return Err(SpecError::new("cluster: `system.restart_s` must be ≥ 0"));
-            }
+            nonneg(r, "system.restart_s")?;
         }
         Ok(())
     }

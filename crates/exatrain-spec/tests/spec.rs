@@ -424,8 +424,9 @@ fn interleaving_over_stages_that_count_the_embedding_and_the_loss() {
     assert!(e.contains("the embedding and the loss counted as layers"), "{e}");
 }
 
-/// A cluster that reserves more memory than its devices have, or whose latency is infinite, is
-/// refused with the field named (each would make every plan meaningless, not fail).
+/// A cluster that reserves more memory than its devices have, whose latency or restart time is
+/// infinite, or whose rates overflow once in base units, is refused with the field named (each
+/// would make every plan meaningless, not fail).
 #[test]
 fn impossible_memory_reserve_and_infinite_latency_are_named() {
     let base = toml::to_string(&presets::cluster("selene").unwrap()).unwrap();
@@ -444,6 +445,22 @@ fn impossible_memory_reserve_and_infinite_latency_are_named() {
             "inter_latency_us = 8.0",
             "inter_latency_us = -1.0",
             "`network.inter_latency_us` must be a finite number ≥ 0, got -1",
+        ),
+        (
+            "restart_s = 600.0",
+            "restart_s = inf",
+            "`system.restart_s` must be a finite number ≥ 0, got inf",
+        ),
+        // finite as written, infinite in FLOP/s (every plan's MFU would read 0 %)
+        (
+            "peak_tflops_bf16 = 312.0",
+            "peak_tflops_bf16 = 1e308",
+            "`device.peak_tflops_bf16` must be a positive number below 1.798e296, got 1e308",
+        ),
+        (
+            "checkpoint_write_gbps = 1000.0",
+            "checkpoint_write_gbps = 1e305",
+            "`system.checkpoint_write_gbps` must be a positive number below",
         ),
     ] {
         assert!(base.contains(from), "{from} in {base}");
