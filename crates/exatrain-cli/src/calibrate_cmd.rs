@@ -32,14 +32,15 @@ pub struct CalibrateArgs {
     /// link bandwidth, latency) to these `exatrain train --report` files or framework logs
     /// (Megatron-LM, Megatron-DeepSpeed, torchtitan: .log/.out/.txt, each with its run file
     /// `<name>.toml` or `run.toml` from `export --format exatrain`, or Megatron's argument dump)
-    /// (files or folders; at least 3 runs) by least squares on their measured time terms, and write the result
+    /// (files or folders; at least 3 trainer reports; one framework log or published run fits the
+    /// compute factor alone) by least squares on their measured time terms, and write the result
     /// to --out (default: over the --cluster file, only once the fit succeeded).
     #[arg(long, num_args = 1..)]
     pub fit: Vec<PathBuf>,
     /// Fit the --cluster spec's compute and link-bandwidth factors to the published or measured
     /// runs of this CSV (the columns of data/published-runs.csv: each row's throughput becomes a
     /// step time) instead of, or with, --fit's files. Only the rows that ran on --cluster are
-    /// used.
+    /// used. One or two runs (one short run, then project) fit the compute factor alone.
     #[arg(long)]
     pub fit_runs: Option<PathBuf>,
     /// With --fit: the spec to start from (what `exatrain calibrate --out` wrote).
@@ -177,7 +178,12 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
             } else {
                 format!(
                     "{name} kept ({})",
-                    if fit.step_times_only {
+                    if fit.compute_only
+                        && f.factor != exatrain_cost::fit::Factor::Memory
+                        && f.factor != exatrain_cost::fit::Factor::Latency
+                    {
+                        "fewer than 3 step times fit the compute factor alone; give 3 or more runs to fit it"
+                    } else if fit.step_times_only {
                         "step times alone cannot tell it from compute and bandwidth"
                     } else {
                         "no measured term depends on it"

@@ -476,4 +476,40 @@ fn published_runs_fit_the_cluster_they_ran_on() {
     assert!(String::from_utf8_lossy(&o.stderr)
         .contains("no run ran on --cluster frontier (its runs ran on: dgx-2h, dgx-h100, jean-zay, selene)"));
     assert!(!d.join("f.toml").exists());
+
+    // One run is enough for the compute factor alone (one-shot: run briefly, then project), and
+    // the spec it writes predicts that run.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let header = text.lines().find(|l| l.starts_with("name,")).unwrap();
+    let row = text.lines().find(|l| l.starts_with("k22-22b-full,")).unwrap();
+    let one = d.join("one.csv");
+    std::fs::write(&one, format!("{header}\n{row}\n")).unwrap();
+    let spec = d.join("one-shot.toml");
+    let said = ok(exatrain(&[
+        "calibrate",
+        "--cluster",
+        "selene",
+        "--fit-runs",
+        one.to_str().unwrap(),
+        "--out",
+        spec.to_str().unwrap(),
+    ]));
+    assert!(said.contains("fitted 1 runs") && said.contains("compute ×"), "{said}");
+    assert!(said.contains("bandwidth kept (fewer than 3 step times"), "{said}");
+    let error = |csv: &Path| -> f64 {
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(exatrain(&["validate", "--runs", csv.to_str().unwrap(), "--json"]))).unwrap();
+        v["runs"][0]["rel_error"].as_f64().unwrap().abs()
+    };
+    let on_fit = d.join("on-fit.csv");
+    std::fs::write(
+        &on_fit,
+        format!(
+            "{header}\n{}\n",
+            row.replace(",selene,", &format!(",{},", spec.display()))
+        ),
+    )
+    .unwrap();
+    assert!(error(&one) > 0.002, "the preset is off this run by more than the fit");
+    assert!(error(&on_fit) < 0.001, "the one-shot spec predicts its run");
 }

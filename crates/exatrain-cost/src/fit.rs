@@ -51,7 +51,9 @@ pub enum Factor {
 
 pub const FACTORS: [Factor; 4] = [Factor::Compute, Factor::Memory, Factor::Bandwidth, Factor::Latency];
 
-/// Fewest runs a fit accepts.
+/// Fewest runs a fit of more than the compute factor accepts. Fewer runs known only by their step
+/// time (one short run of a framework, the study's method) fit the compute factor alone: one
+/// number from one step time.
 pub const MIN_RUNS: usize = 3;
 
 impl Factor {
@@ -97,6 +99,8 @@ pub struct Fit {
     /// only whole-step times were measured, so memory and latency were kept: a step time cannot
     /// tell them from compute and bandwidth
     pub step_times_only: bool,
+    /// fewer than [`MIN_RUNS`] step times: only the compute factor was fitted (one-shot)
+    pub compute_only: bool,
 }
 
 /// The time terms compared, by name.
@@ -188,10 +192,17 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
     Some(x)
 }
 
-/// Fit `base`'s factors to `runs`. Errors: fewer than [`MIN_RUNS`] runs, a layout the planner
-/// rejects, or nothing measured.
+/// Fit `base`'s factors to `runs`. Errors: no runs, fewer than [`MIN_RUNS`] runs with measured
+/// time terms (trainer reports), a layout the planner rejects, or nothing measured. One or two
+/// runs known only by their step time fit the compute factor alone.
 pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
-    if runs.len() < MIN_RUNS {
+    if runs.is_empty() {
+        return Err(SpecError::new("calibrate --fit: no runs given"));
+    }
+    let used = used_terms(base, runs)?;
+    // step times alone cannot tell memory and latency from compute and bandwidth
+    let step_times_only = used.iter().all(|u| !u[..4].iter().any(|x| *x));
+    if runs.len() < MIN_RUNS && !step_times_only {
         return Err(SpecError::new(format!(
             "calibrate --fit: {} run report(s) given, at least {MIN_RUNS} needed to fit {} factors \
              (compute, memory, link bandwidth, latency) — run `exatrain train --report` on more layouts",
@@ -199,7 +210,7 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
             FACTORS.len()
         )));
     }
-    let used = used_terms(base, runs)?;
+    let compute_only = runs.len() < MIN_RUNS;
     let residuals = |c: &ClusterSpec| residuals(c, runs, &used);
     let r0 = residuals(base)?;
     if r0.is_empty() {
@@ -215,11 +226,10 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
         let r = residuals(&c)?;
         Ok(r.iter().zip(&r0).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
     };
-    // step times alone cannot tell memory and latency from compute and bandwidth
-    let step_times_only = used.iter().all(|u| !u[..4].iter().any(|x| *x));
     let mut free = Vec::new();
     for f in FACTORS {
-        if step_times_only && matches!(f, Factor::Memory | Factor::Latency) {
+        if (step_times_only && matches!(f, Factor::Memory | Factor::Latency)) || (compute_only && f != Factor::Compute)
+        {
             continue;
         }
         if sens(f)? > 1e-4 {
@@ -305,5 +315,6 @@ pub fn fit(base: &ClusterSpec, runs: &[Measured]) -> Result<Fit, SpecError> {
         rms_log_error_before: rms(&r0),
         rms_log_error_after: rms(&r),
         step_times_only,
+        compute_only,
     })
 }

@@ -381,6 +381,45 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
     );
 }
 
+/// One short run (the study's method: run briefly, then project): one or two step times fit the
+/// compute factor alone, exactly when the machine differs from the spec in compute only, and
+/// keep every other factor; no runs at all is refused.
+#[test]
+fn one_or_two_step_times_fit_the_compute_factor_alone() {
+    use exatrain_cost::fit::{fit, Factor, Measured};
+    let base = presets::cluster("dgx-h100").unwrap();
+    let mut truth = base.clone();
+    Factor::Compute.apply(&mut truth, 0.7);
+    let model = presets::model("llama2-7b").unwrap();
+    let run = |l: ParallelConfig| Measured {
+        name: format!("{l:?}"),
+        model: model.clone(),
+        layout: l,
+        time_s: Default::default(),
+        step_s: Some(plan(&model, &truth, &l).unwrap().step_time_s),
+        framework: None,
+    };
+    let one = [run(ParallelConfig::new(8, 1, 2, 1, 64))];
+    let two = [one[0].clone(), run(ParallelConfig::new(2, 4, 2, 1, 64))];
+    for runs in [&one[..], &two[..]] {
+        let f = fit(&base, runs).unwrap();
+        assert!(f.compute_only && f.step_times_only, "{f:?}");
+        for fx in &f.factors {
+            if fx.factor == Factor::Compute {
+                assert!(fx.fitted && (fx.multiplier / 0.7 - 1.0).abs() < 0.01, "{f:?}");
+            } else {
+                assert!(!fx.fitted && fx.multiplier == 1.0, "{f:?}");
+            }
+        }
+        // the fitted spec predicts what was measured
+        for r in runs {
+            let p = plan(&r.model, &f.cluster, &r.layout).unwrap().step_time_s;
+            assert!(close(p, r.step_s.unwrap(), 0.005), "{}: {p}", r.name);
+        }
+    }
+    assert!(fit(&base, &[]).unwrap_err().to_string().contains("no runs given"));
+}
+
 /// Runs known only by their step time (framework logs): the fit recovers the compute and link
 /// bandwidth factors from the whole step and keeps memory and latency.
 #[test]
