@@ -67,6 +67,11 @@ pub struct LayoutArgs {
     /// bf16 (mixed precision) or fp32.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
+    /// Run the transformer blocks' linear layers in FP8 (Transformer Engine's hybrid E4M3 /
+    /// E5M2 format, Megatron-LM's --fp8-format hybrid) inside bf16 mixed precision; needs a device
+    /// with FP8 tensor cores (H100, H200: the cluster's `device.peak_tflops_fp8`).
+    #[arg(long)]
+    pub fp8: bool,
     /// Do not overlap the data-parallel reduction with backward.
     #[arg(long)]
     pub no_overlap_dp: bool,
@@ -110,6 +115,7 @@ impl LayoutArgs {
             virtual_stages: self.virtual_stages,
             flash_attention: self.flash_attention,
             dtype: self.dtype.parse::<Dtype>()?,
+            fp8: self.fp8,
             overlap_dp: !self.no_overlap_dp,
             overlap_tp: self.overlap_tp,
             order: self.order.parse::<RankOrder>()?,

@@ -153,10 +153,14 @@ pub fn run(a: &CalibrateArgs) -> Result<(), SpecError> {
             peak_tflops_bf16: peak_bf16,
             // not measured: the tensor cores' fp32 path is TF32; the published non-tensor peak
             peak_tflops_fp32: fp32_known.unwrap_or(peak_bf16 / 16.0),
+            // FP8 GEMMs are not timed here: set `peak_tflops_fp8` (and `gemm_fp8`) by hand to
+            // plan `--fp8` on this spec
+            peak_tflops_fp8: None,
             hbm_gib: info.total_bytes as f64 / (1u64 << 30) as f64,
             hbm_gbps,
             memory_efficiency,
             gemm: fit,
+            gemm_fp8: None,
             gemm_table: table,
         },
         node: NodeSpec {

@@ -110,6 +110,8 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         } else {
             Dtype::Fp32
         },
+        // Megatron prints its FP8 format (`hybrid`, `e4m3`) or `None`
+        fp8: arg_bool(log, "bf16") == Some(true) && log.args.get("fp8").is_some_and(|f| f != "None"),
         ..ParallelConfig::new(
             tp,
             pp,

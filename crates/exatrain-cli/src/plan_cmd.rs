@@ -82,7 +82,7 @@ pub fn print_human(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfi
         "layout: tp {} · pp {} · dp {} | micro-batch {} · global batch {} ({} microbatches) | zero {} | recompute {} | sp {} | virtual stages {} | flash {} | {} | order {}",
         cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.global_batch, p.microbatches, cfg.zero,
         cfg.recompute, cfg.sequence_parallel, cfg.virtual_stages, cfg.flash_attention,
-        cfg.dtype.as_str(), cfg.order
+        if cfg.fp8 { "bf16 + fp8 linears" } else { cfg.dtype.as_str() }, cfg.order
     );
     let m = &p.memory_bytes;
     println!("\nmemory per device");

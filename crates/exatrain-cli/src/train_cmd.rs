@@ -230,6 +230,8 @@ impl RunLayout {
             virtual_stages: self.virtual_stages,
             flash_attention: false,
             dtype: Dtype::Fp32,
+            // the trainer's GEMMs run in the backend's precision, never FP8
+            fp8: false,
             overlap_dp: !self.no_overlap_dp,
             // the trainer does not overlap its TP collectives
             overlap_tp: false,

@@ -92,6 +92,10 @@ pub struct Run {
     /// fusions, on since September 2020): yes (default) | no (Megatron-LM of 2019)
     #[serde(default = "yes")]
     pub bias_fusion: String,
+    /// the transformer blocks' linear layers in FP8 (Transformer Engine, `--fp8-format hybrid`):
+    /// yes | no (default)
+    #[serde(default = "no")]
+    pub fp8: String,
 }
 
 fn dash() -> String {
@@ -111,7 +115,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 29] = [
+pub const COLUMNS: [&str; 30] = [
     "name",
     "params_b",
     "layers",
@@ -141,6 +145,7 @@ pub const COLUMNS: [&str; 29] = [
     "softmax",
     "async_tp",
     "bias_fusion",
+    "fp8",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -300,11 +305,20 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         recompute,
         sequence_parallel: yes_no(&run.seq_parallel, "seq_parallel", &run.name)?,
         flash_attention: yes_no(&run.flash, "flash", &run.name)?,
+        fp8: yes_no(&run.fp8, "fp8", &run.name)?,
         virtual_stages,
         ..ParallelConfig::new(run.tp, run.pp, run.dp, run.mbs, run.gbs)
     };
     cfg.check(&model, run.gpus)
         .map_err(|e| SpecError::new(format!("run {}: {e}", run.name)))?;
+    if cfg.fp8 && cluster.device.fp8().is_none() {
+        return Err(SpecError::new(format!(
+            "run {}: fp8 yes on {}: {}",
+            run.name,
+            run.cluster,
+            exatrain_spec::Invalid::Fp8Unsupported
+        )));
+    }
     if !matches!(run.metric.as_str(), "hfu_tflops" | "mfu" | "tflops" | "step_s") {
         return Err(SpecError::new(format!(
             "run {}: metric `{}` is not known (allowed: {METRICS})",
@@ -326,8 +340,11 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         measured: run.measured,
     };
     // No run beats its devices' peak: the FLOP/s per GPU the metric implies (hardware FLOPs for
-    // hfu_tflops, model FLOPs otherwise) over the dense peak is at most 1.
-    let peak = case.cluster.device.peak_flops(case.cfg.dtype);
+    // hfu_tflops, model FLOPs otherwise) over the dense peak (FP8's for an FP8 run) is at most 1.
+    let peak = match (case.cfg.fp8, case.cluster.device.fp8()) {
+        (true, Some((fp8_peak, _))) => fp8_peak,
+        _ => case.cluster.device.peak_flops(case.cfg.dtype),
+    };
     let share = match case.metric.as_str() {
         "hfu_tflops" => case.measured * 1e12 / peak,
         _ => {

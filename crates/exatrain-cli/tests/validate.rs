@@ -159,6 +159,20 @@ fn validate_rejects_a_bad_csv() {
             format!("{header},bias_fusion\n{row},137,partly\n"),
             "bias_fusion `partly` is not known (allowed: yes, no)",
         ),
+        (
+            format!("{header},fp8\n{row},137,maybe\n"),
+            "fp8 `maybe` is not known (allowed: yes, no)",
+        ),
+        // FP8 on an A100
+        (
+            format!("{header},fp8\n{row},137,yes\n"),
+            "run r: fp8 yes on selene: --fp8: the cluster's device has no FP8 tensor cores",
+        ),
+        // 1500 TFLOP/s is above an H100's bf16 peak (989), below its FP8 peak (1979)
+        (
+            format!("{header},fp8\n{row},1500,no\n").replace("selene,hfu_tflops", "dgx-h100,tflops"),
+            "means 151.7 % of the devices' peak (989 TFLOP/s on dgx-h100)",
+        ),
     ] {
         std::fs::write(&f, text).unwrap();
         let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
@@ -166,6 +180,14 @@ fn validate_rejects_a_bad_csv() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(says), "expected `{says}` in: {err}");
     }
+    // the same 1500 TFLOP/s as an FP8 run is possible, and is compared
+    std::fs::write(
+        &f,
+        format!("{header},fp8\n{row},1500,yes\n").replace("selene,hfu_tflops", "dgx-h100,tflops"),
+    )
+    .unwrap();
+    let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // a GEMM-curve fit of two parameters, refitted leaving each run out, needs 3 runs
     std::fs::write(&f, format!("{header}\n{row},137\n{row},140\n")).unwrap();
     let out = exatrain(&["validate", "--fit", "--runs", f.to_str().unwrap()]);

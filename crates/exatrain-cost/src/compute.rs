@@ -27,6 +27,8 @@ pub struct Device {
     pub fused_softmax: bool,
     /// The stack adds the linears' biases inside the next kernel (`StackSpec.bias_fusion`).
     pub bias_fusion: bool,
+    /// The FP8 peak (FLOP/s) and FP8 GEMM curve, when the device has FP8 tensor cores.
+    pub fp8: Option<(f64, GemmEfficiency)>,
 }
 
 impl Device {
@@ -41,6 +43,7 @@ impl Device {
             framework: c.stack.framework,
             fused_softmax: c.stack.fused_softmax,
             bias_fusion: c.stack.bias_fusion,
+            fp8: c.device.fp8(),
         }
     }
 
@@ -52,6 +55,19 @@ impl Device {
         let flops = 2.0 * batch * m * n * k;
         let t_compute = flops / (self.peak * (self.stack * self.gemm_table.efficiency(&self.gemm, m, n, k)).min(1.0));
         let t_memory = batch * (m * k + k * n + m * n) * e / self.mem_bw;
+        t_compute.max(t_memory)
+    }
+
+    /// A linear layer's (m × k)·(k × n) GEMM with FP8 inputs (one byte each) and a bf16 output,
+    /// on the FP8 peak and curve times the stack's efficiency (the measured `gemm_table` is the
+    /// bf16 path's and is not applied). A device without FP8: the bf16 GEMM.
+    #[inline]
+    pub fn gemm_fp8(&self, m: f64, n: f64, k: f64) -> f64 {
+        let Some((peak, curve)) = self.fp8 else {
+            return self.gemm(1.0, m, n, k, 2.0);
+        };
+        let t_compute = 2.0 * m * n * k / (peak * (self.stack * curve.efficiency(m, n, k)).min(1.0));
+        let t_memory = (m * k + k * n + 2.0 * m * n) / self.mem_bw;
         t_compute.max(t_memory)
     }
 
@@ -102,9 +118,17 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
     let heads = m.heads as f64 / t;
     let hd = m.head_dim as f64;
 
-    let qkv = d.gemm(1.0, tokens, (q + 2.0 * kv) / t, h, e);
-    let up_gate = d.gemm(1.0, tokens, up * f / t, h, e);
-    let gemm = qkv + d.gemm(1.0, tokens, h, q / t, e) + up_gate + d.gemm(1.0, tokens, h, f / t, e);
+    // the four weight GEMMs, in FP8 when the layout says so (Transformer Engine's linears)
+    let linear = |rows: f64, cols: f64, inner: f64| {
+        if p.fp8 {
+            d.gemm_fp8(rows, cols, inner)
+        } else {
+            d.gemm(1.0, rows, cols, inner, e)
+        }
+    };
+    let qkv = linear(tokens, (q + 2.0 * kv) / t, h);
+    let up_gate = linear(tokens, up * f / t, h);
+    let gemm = qkv + linear(tokens, h, q / t) + up_gate + linear(tokens, h, f / t);
 
     let (core, core_bwd) = if p.flash_attention {
         // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM. Its
@@ -160,9 +184,19 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         };
         biases + if m.dropout { 2.0 * 2.0 * e * region } else { 0.0 }
     };
+    // FP8 casts: each linear's input is written once more as FP8 and as its FP8 transpose (for
+    // the weight gradient) — inside the norm kernel for QKV and the MLP's first linear, a
+    // read-cast-write pass of its own for the attention output and the MLP's second linear.
+    // Backward casts each output gradient the same way; `block_train_of` prices the backward's
+    // element-wise work at twice the forward's, which covers it.
+    let fp8_casts = if p.fp8 {
+        2.0 * 2.0 * region + 4.0 * tokens * (q + f) / t
+    } else {
+        0.0
+    };
     // the framework's own eager element-wise passes beyond these fused kernels
     let eager = d.framework.map_or(0.0, |fw| fw.eager_elementwise_bytes_per_token(m, p));
-    let elementwise = d.stream(norms + residual + act + rope + unfused_bias + tokens * eager);
+    let elementwise = d.stream(norms + residual + act + rope + unfused_bias + fp8_casts + tokens * eager);
     BlockTime {
         gemm,
         column_gemms: [qkv, up_gate],

@@ -42,7 +42,15 @@ pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
     } else {
         scores * (e + mask * (1.0 + e))
     };
-    replicated + sharded + core
+    // FP8 linear layers keep each linear's input as FP8 for the weight gradient (Transformer
+    // Engine saves the cast, 1 byte, not the bf16 tensor): the two norm outputs, the attention
+    // output and the MLP's last input.
+    let fp8_saved = if p.fp8 {
+        tokens * (2.0 * h / sp + (q + f) / t) * (e - 1.0)
+    } else {
+        0.0
+    };
+    replicated + sharded + core - fp8_saved
 }
 
 /// Microbatches (chunks, for interleaving) whose activations pipeline rank `r` holds at its peak.

@@ -86,6 +86,9 @@ pub struct Plan {
 /// Predict memory and step time. Invalid layouts are returned as values for the caller to count.
 pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, Invalid> {
     p.check(m, p.gpus())?;
+    if p.fp8 && c.device.peak_tflops_fp8.is_none() {
+        return Err(Invalid::Fp8Unsupported);
+    }
     let d = Device::new(c, p.dtype);
     let e = p.dtype.bytes();
     let mb = p.microbatches();
@@ -356,7 +359,14 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             let received = chunks - if first { chunks / v } else { 0.0 };
             act += tokens * m.hidden as f64 * e / sp * received;
         }
-        let weights = shard(params * e, 3);
+        // Transformer Engine keeps each FP8 linear weight and its transpose (1 byte each) for
+        // the whole step
+        let fp8_copies = if p.fp8 {
+            2.0 * st.of(rank) as f64 * m.layer_matrix_params() as f64 / tp as f64
+        } else {
+            0.0
+        };
+        let weights = shard(params * e, 3) + fp8_copies;
         let grads = shard(params * p.dtype.grad_bytes(), 2);
         let optimizer = shard(params * p.dtype.optimizer_bytes(), 1);
         let prefetch = if p.zero >= 3 { 2.0 * params / blocks * e } else { 0.0 };

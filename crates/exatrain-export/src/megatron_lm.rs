@@ -92,6 +92,13 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     if c.dtype == Dtype::Bf16 {
         f.push("--bf16".into());
     }
+    if c.fp8 {
+        // Transformer Engine's delayed-scaling recipe as NVIDIA's H100 FP8 examples run it
+        // (examples/llama/train_llama3_8b_h100_fp8.sh): E4M3 forward, E5M2 gradients
+        f.push("--fp8-format hybrid".into());
+        f.push("--fp8-amax-history-len 1024".into());
+        f.push("--fp8-amax-compute-algo max".into());
+    }
     if c.order == "tp-pp-dp".parse::<RankOrder>().expect("order") {
         f.push("--use-tp-pp-dp-mapping".into());
     }

@@ -364,3 +364,55 @@ fn tp_overlap_is_exported_to_megatron_lm_and_refused_elsewhere() {
         assert!(e.to_string().contains("--overlap-tp"), "{f:?}: {e}");
     }
 }
+
+/// `--fp8` is Megatron-LM's Transformer Engine recipe as NVIDIA's H100 FP8 examples set it; the
+/// other frameworks refuse it (Megatron-DeepSpeed has no FP8 training; torchtitan's float8
+/// converter is not exported), and the run file keeps it so `plan --run` prices the same layout.
+#[test]
+fn fp8_is_exported_to_megatron_lm_and_refused_elsewhere() {
+    let m = presets::model("llama3-8b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let cfg = ParallelConfig {
+        zero: 3,
+        sequence_parallel: true,
+        flash_attention: true,
+        fp8: true,
+        ..layout(2, 1, 4, 1, 32)
+    };
+    let mlm = render(
+        &export(
+            &m,
+            &c,
+            &cfg,
+            Format::Framework(Framework::MegatronLm),
+            Launcher::Torchrun,
+        )
+        .unwrap(),
+    );
+    for f in [
+        "--bf16",
+        "--fp8-format hybrid",
+        "--fp8-amax-history-len 1024",
+        "--fp8-amax-compute-algo max",
+    ] {
+        assert!(mlm.contains(f), "{f}: {mlm}");
+    }
+    let plain = ParallelConfig { fp8: false, ..cfg };
+    let without = render(
+        &export(
+            &m,
+            &c,
+            &plain,
+            Format::Framework(Framework::MegatronLm),
+            Launcher::Torchrun,
+        )
+        .unwrap(),
+    );
+    assert!(!without.contains("--fp8"), "{without}");
+    for f in [Framework::MegatronDeepspeed, Framework::Torchtitan] {
+        let e = export(&m, &c, &cfg, Format::Framework(f), Launcher::Torchrun).unwrap_err();
+        assert!(e.to_string().contains("--fp8"), "{f:?}: {e}");
+    }
+    let run = render(&export(&m, &c, &cfg, Format::Exatrain, Launcher::Torchrun).unwrap());
+    assert!(run.contains("fp8 = true"), "{run}");
+}

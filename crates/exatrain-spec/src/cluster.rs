@@ -91,6 +91,10 @@ pub struct DeviceSpec {
     pub peak_tflops_bf16: f64,
     /// Dense fp32 peak, TFLOP/s.
     pub peak_tflops_fp32: f64,
+    /// Dense FP8 tensor-core peak, TFLOP/s (H100/H200: 1979); unset on devices without FP8
+    /// (A100, V100, MI250X), where `--fp8` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_tflops_fp8: Option<f64>,
     /// HBM capacity, GiB.
     pub hbm_gib: f64,
     /// HBM bandwidth, GB/s.
@@ -99,6 +103,10 @@ pub struct DeviceSpec {
     #[serde(default = "default_mem_eff")]
     pub memory_efficiency: f64,
     pub gemm: GemmEfficiency,
+    /// The FP8 GEMMs' curve, as a fraction of `peak_tflops_fp8` (FP8 tiles need larger shapes to
+    /// fill the device than bf16 ones). Unset: `gemm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_fp8: Option<GemmEfficiency>,
     /// Measured GEMM efficiencies by shape (written by `exatrain calibrate`): the curve is
     /// corrected toward them (`GemmCorrection`). Empty: the curve alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -106,7 +114,14 @@ pub struct DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// Dense peak in FLOP/s for a training precision.
+    /// Dense FP8 peak in FLOP/s and the FP8 GEMM curve, or None on a device without FP8.
+    pub fn fp8(&self) -> Option<(f64, GemmEfficiency)> {
+        self.peak_tflops_fp8
+            .map(|p| (1e12 * p, self.gemm_fp8.unwrap_or(self.gemm)))
+    }
+
+    /// Dense peak in FLOP/s for a training precision (with `--fp8` too: MFU stays against the
+    /// bf16 peak, as the frameworks report it).
     pub fn peak_flops(&self, dtype: Dtype) -> f64 {
         1e12 * match dtype {
             Dtype::Bf16 => self.peak_tflops_bf16,
@@ -360,6 +375,13 @@ impl ClusterSpec {
         let d = &self.device;
         rate(d.peak_tflops_bf16, 1e12, "device.peak_tflops_bf16")?;
         rate(d.peak_tflops_fp32, 1e12, "device.peak_tflops_fp32")?;
+        if let Some(p) = d.peak_tflops_fp8 {
+            rate(p, 1e12, "device.peak_tflops_fp8")?;
+        }
+        if let Some(g) = d.gemm_fp8 {
+            fraction(g.max_efficiency, "device.gemm_fp8.max_efficiency")?;
+            nonneg(g.half_size, "device.gemm_fp8.half_size")?;
+        }
         rate(d.hbm_gib, (1u64 << 30) as f64, "device.hbm_gib")?;
         rate(d.hbm_gbps, 1e9, "device.hbm_gbps")?;
         fraction(d.memory_efficiency, "device.memory_efficiency")?;

@@ -53,6 +53,10 @@ pub enum Invalid {
     },
     /// TP communication overlap without sequence parallelism.
     OverlapTpNeedsSp,
+    /// FP8 linear layers on a training dtype other than bf16.
+    Fp8NeedsBf16,
+    /// FP8 linear layers on a device without FP8 tensor cores (`device.peak_tflops_fp8` unset).
+    Fp8Unsupported,
     VirtualStages {
         virtual_stages: u32,
         layers_per_stage: u32,
@@ -104,6 +108,14 @@ impl fmt::Display for Invalid {
             Invalid::OverlapTpNeedsSp => write!(
                 f,
                 "--overlap-tp needs --sequence-parallel (Megatron-LM's --tp-comm-overlap overlaps its all-gathers and reduce-scatters)"
+            ),
+            Invalid::Fp8NeedsBf16 => write!(
+                f,
+                "--fp8 needs --dtype bf16 (FP8 linear layers run inside bf16 mixed precision)"
+            ),
+            Invalid::Fp8Unsupported => write!(
+                f,
+                "--fp8: the cluster's device has no FP8 tensor cores (`device.peak_tflops_fp8` is not set; A100, V100 and MI250X have none)"
             ),
             Invalid::InterleaveUneven { pp, layers } => write!(
                 f,

@@ -279,6 +279,16 @@ impl Framework {
                 self.name()
             ));
         }
+        if c.fp8 && self != Framework::MegatronLm {
+            return Err(format!(
+                "FP8 linear layers (--fp8) are exported for Megatron-LM (Transformer Engine) only; {} {}",
+                self.name(),
+                match self {
+                    Framework::Torchtitan => "runs float8 through torchao's converter, which exatrain does not export",
+                    _ => "has no FP8 training",
+                }
+            ));
+        }
         if c.overlap_tp && self != Framework::MegatronLm {
             return Err(format!(
                 "tensor-parallel communication overlap (--overlap-tp) is Megatron-LM's --tp-comm-overlap; {} has none",

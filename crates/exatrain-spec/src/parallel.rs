@@ -102,6 +102,9 @@ impl FromStr for Dtype {
             "fp16" => Err(SpecError::new(
                 "--dtype fp16 is not modelled (loss scaling, fp16 peak); allowed: bf16, fp32",
             )),
+            "fp8" => Err(SpecError::new(
+                "--dtype fp8: FP8 is bf16 mixed precision with FP8 linear layers: give --dtype bf16 --fp8",
+            )),
             "fp32" => Ok(Dtype::Fp32),
             _ => Err(SpecError::new(format!(
                 "--dtype {s} is not known (allowed: bf16, fp32)"
@@ -222,6 +225,11 @@ pub struct ParallelConfig {
     pub flash_attention: bool,
     #[serde(default)]
     pub dtype: Dtype,
+    /// The transformer blocks' linear GEMMs in FP8 (Transformer Engine's hybrid format: E4M3
+    /// forward, E5M2 gradients; Megatron-LM's `--fp8-format hybrid`), on top of bf16 mixed
+    /// precision: attention, the output head, norms and the optimizer stay as `dtype` says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp8: bool,
     /// Overlap the data-parallel gradient reduction with backward.
     #[serde(default = "yes")]
     pub overlap_dp: bool,
@@ -343,6 +351,7 @@ impl ParallelConfig {
             virtual_stages: 1,
             flash_attention: false,
             dtype: Dtype::Bf16,
+            fp8: false,
             overlap_dp: true,
             overlap_tp: false,
             order: RankOrder::default(),
@@ -460,6 +469,9 @@ impl ParallelConfig {
         }
         if self.overlap_tp && !self.sequence_parallel && self.tp > 1 {
             return Err(Invalid::OverlapTpNeedsSp);
+        }
+        if self.fp8 && self.dtype != Dtype::Bf16 {
+            return Err(Invalid::Fp8NeedsBf16);
         }
         if self.tp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
             return Err(Invalid::Product {

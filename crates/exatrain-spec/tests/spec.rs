@@ -470,3 +470,45 @@ fn impossible_memory_reserve_and_infinite_latency_are_named() {
         assert!(e.contains(says), "{says}: {e}");
     }
 }
+
+/// FP8: a device's FP8 peak and curve are checked like the bf16 ones, and a spec that never
+/// names them (every non-Hopper preset) has no FP8.
+#[test]
+fn fp8_peak_and_curve_are_checked_and_optional() {
+    let h100 = presets::cluster("dgx-h100").unwrap();
+    let (peak, curve) = h100.device.fp8().expect("H100 has FP8");
+    assert_eq!(peak, 1979e12);
+    assert!(
+        curve.half_size > h100.device.gemm.half_size,
+        "FP8 tiles need larger shapes"
+    );
+    for name in ["selene", "frontier", "lumi", "dgx-2h", "jean-zay", "perlmutter"] {
+        assert!(presets::cluster(name).unwrap().device.fp8().is_none(), "{name}");
+    }
+    // the TOML round trip keeps them
+    let back = load::cluster_from_str(&toml::to_string(&h100).unwrap(), false, "h.toml").unwrap();
+    assert_eq!(back.device.fp8(), h100.device.fp8());
+    for (edit, says) in [
+        (
+            (|c: &mut exatrain_spec::ClusterSpec| c.device.peak_tflops_fp8 = Some(-1.0)) as fn(&mut _),
+            "`device.peak_tflops_fp8` must be a positive number",
+        ),
+        (
+            |c| c.device.peak_tflops_fp8 = Some(1e308),
+            "`device.peak_tflops_fp8` must be a positive number below",
+        ),
+        (
+            |c| c.device.gemm_fp8.as_mut().unwrap().max_efficiency = 1.5,
+            "`device.gemm_fp8.max_efficiency` must be in (0, 1]",
+        ),
+        (
+            |c| c.device.gemm_fp8.as_mut().unwrap().half_size = f64::NAN,
+            "`device.gemm_fp8.half_size` must be a finite number ≥ 0",
+        ),
+    ] {
+        let mut c = h100.clone();
+        edit(&mut c);
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(says), "{says}: {e}");
+    }
+}

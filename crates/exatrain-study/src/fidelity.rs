@@ -92,12 +92,12 @@ pub struct Fidelity {
     pub summary: Vec<Summary>,
 }
 
-/// A report's layout in one line: tp/pp/dp, micro-batch, ZeRO, recompute, SP, chunks.
+/// A report's layout in one line: tp/pp/dp, micro-batch, ZeRO, recompute, SP, chunks, FP8.
 fn layout_line(rep: &Value) -> String {
     let l = &rep["layout"];
     let n = |k: &str| l[k].as_u64().map_or("?".into(), |x| x.to_string());
     format!(
-        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · recompute {}{}{}",
+        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · recompute {}{}{}{}",
         n("tp"),
         n("pp"),
         n("dp"),
@@ -113,6 +113,11 @@ fn layout_line(rep: &Value) -> String {
         match l["virtual_stages"].as_u64() {
             Some(v) if v > 1 => format!(" · v {v}"),
             _ => String::new(),
+        },
+        if l["fp8"].as_bool() == Some(true) {
+            " · fp8"
+        } else {
+            ""
         }
     )
 }

@@ -191,10 +191,12 @@ pub fn calibrate(memory_gib: f64, quick: bool) -> Calibration {
             name: format!("this machine's CPU ({threads} threads, fp32)"),
             peak_tflops_bf16: peak / 1e3,
             peak_tflops_fp32: peak / 1e3,
+            peak_tflops_fp8: None,
             hbm_gib: memory_gib,
             hbm_gbps: memory_gbps,
             memory_efficiency: 1.0,
             gemm: fit,
+            gemm_fp8: None,
             // each measured shape as it ran: the planner corrects the curve toward them
             gemm_table: table,
         },

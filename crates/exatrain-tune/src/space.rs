@@ -127,6 +127,8 @@ impl Options {
             virtual_stages,
             flash_attention,
             dtype: s.dtype,
+            // the search runs the linear layers in `dtype` (tune has no --fp8)
+            fp8: false,
             overlap_dp: s.overlap_dp,
             overlap_tp: false,
             order,
