@@ -63,6 +63,7 @@ LAYOUTS = [
     ("llama3-405b pp16 uneven", "llama3-405b", "dgx-h100", "--gpus 2048 --tp 8 --pp 16 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
     ("mlm21-1.7b pp5 first 8", "mlm21-1.7b", "frontier", "--gpus 20 --tp 2 --pp 5 --dp 2 --global-batch 40 --first-stage-layers 8 --zero 1"),
     ("mlm21-1.7b frontier 1 node", "mlm21-1.7b", "frontier", "--gpus 8 --tp 1 --pp 2 --dp 4 --global-batch 32 --zero 1 --flash-attention"),
+    ("llama2-70b fp8 interleaved", "llama2-70b", "dgx-h100", "--gpus 64 --tp 4 --pp 4 --dp 4 --virtual-stages 20 --global-batch 128 --recompute none --sequence-parallel --flash-attention --overlap-tp --zero 1 --fp8"),
 ]
 
 FORMATS = ["megatron-lm", "megatron-deepspeed", "torchtitan", "slurm"]

@@ -96,6 +96,11 @@ pub struct Run {
     /// yes | no (default)
     #[serde(default = "no")]
     pub fp8: String,
+    /// the interleaved pipeline's sends overlapped with compute where the framework does it
+    /// (`Framework::overlaps_pp_comm`): yes (default: Megatron-LM's `overlap_p2p_comm`, 2023 on)
+    /// | no (the Megatron-LM of 2021-2022)
+    #[serde(default = "yes")]
+    pub overlap_pp: String,
 }
 
 fn dash() -> String {
@@ -115,7 +120,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 30] = [
+pub const COLUMNS: [&str; 31] = [
     "name",
     "params_b",
     "layers",
@@ -146,6 +151,7 @@ pub const COLUMNS: [&str; 30] = [
     "async_tp",
     "bias_fusion",
     "fp8",
+    "overlap_pp",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -282,6 +288,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     };
     cluster.stack.async_tp = yes_no(&run.async_tp, "async_tp", &run.name)?;
     cluster.stack.bias_fusion = yes_no(&run.bias_fusion, "bias_fusion", &run.name)?;
+    cluster.stack.overlap_p2p = yes_no(&run.overlap_pp, "overlap_pp", &run.name)?;
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,

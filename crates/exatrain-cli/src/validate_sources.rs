@@ -140,23 +140,29 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
     Ok(rows)
 }
 
-/// One framework's stack factor, fitted to all of its runs (each on its own cluster, carried to
-/// the framework by `Framework::compute_efficiency`): 1 when that constant agrees with the runs.
+/// One framework's stack factor, fitted to all of its runs of one precision (each on its own
+/// cluster, carried to the framework by `Framework::compute_efficiency`): 1 when that constant
+/// agrees with the runs. FP8 runs get a row of their own: their factor also carries the error of
+/// the device's FP8 GEMM curve, which was fitted to a GEMM benchmark, not to training runs.
 #[derive(Debug, Serialize)]
 pub struct FrameworkRow {
     pub framework: String,
+    /// the runs' linear layers ran in FP8 (`ParallelConfig.fp8`)
+    pub fp8: bool,
     pub runs: usize,
     pub compute_factor: f64,
 }
 
-/// The stack factor of every framework in `cases`, fitted to all its runs.
+/// The stack factor of every framework and precision in `cases`, fitted to all its runs.
 pub fn per_framework(cases: &[Case]) -> Vec<FrameworkRow> {
     Framework::ALL
         .into_iter()
-        .filter_map(|f| {
-            let mine: Vec<&Case> = cases.iter().filter(|c| c.framework == f).collect();
+        .flat_map(|f| [(f, false), (f, true)])
+        .filter_map(|(f, fp8)| {
+            let mine: Vec<&Case> = cases.iter().filter(|c| c.framework == f && c.cfg.fp8 == fp8).collect();
             (!mine.is_empty()).then(|| FrameworkRow {
                 framework: f.name().to_string(),
+                fp8,
                 runs: mine.len(),
                 compute_factor: fit_compute(&mine),
             })
@@ -168,10 +174,13 @@ pub fn per_framework(cases: &[Case]) -> Vec<FrameworkRow> {
 pub fn print_frameworks(rows: &[FrameworkRow]) {
     let parts: Vec<String> = rows
         .iter()
-        .map(|r| format!("{} ×{:.3} ({} runs)", r.framework, r.compute_factor, r.runs))
+        .map(|r| {
+            let fp8 = if r.fp8 { " fp8" } else { "" };
+            format!("{}{fp8} ×{:.3} ({} runs)", r.framework, r.compute_factor, r.runs)
+        })
         .collect();
     println!(
-        "stack factor fitted to all of each framework's runs (1 = Framework::compute_efficiency agrees): {}",
+        "stack factor fitted to all of each framework's runs, bf16 and fp8 apart (1 = Framework::compute_efficiency agrees): {}",
         parts.join(", ")
     );
 }

@@ -211,7 +211,19 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         // each of its v chunks, except out of the very first stage (backward) and the very last
         // (forward): with pp = 2 both ranks hold one of those ends.
         let sends = if pp == 2 { 2.0 * v - 1.0 } else { 2.0 * v };
-        (sends * mbf * comm::send_recv(msg, link), sends * mbf * msg)
+        let send = comm::send_recv(msg, link);
+        let overlapped = c.stack.overlap_p2p && c.stack.framework.is_some_and(|f| f.overlaps_pp_comm(p));
+        let exposed = if overlapped {
+            // Megatron's overlap_p2p_comm: each send runs while the rank computes its next chunk
+            // (a forward chunk, the shortest, is a third of the chunk's stage_c / v), so only
+            // the fill's and the drain's sends (pp - 1 hops each way) wait, plus what a send
+            // outlasts its chunk by.
+            let chunk = stage_c / (3.0 * v);
+            2.0 * (pp as f64 - 1.0) * send + sends * mbf * (send - chunk).max(0.0)
+        } else {
+            sends * mbf * send
+        };
+        (exposed, sends * mbf * msg)
     } else {
         (0.0, 0.0)
     };
@@ -341,6 +353,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let sp = if p.sequence_parallel { tp as f64 } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
     let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0;
+    // the gradient buffer as the framework keeps it; the trainer (no framework) accumulates
+    // into fp32 gradients in both precisions
+    let grad_store = c.stack.framework.map_or(4.0, |f| f.grad_store_bytes(p));
     let stage_memory = |params: f64, rank: u32, first: bool, last: bool| {
         let chunks = memory::chunks_in_flight(p, rank);
         let blocks_per_chunk = st.of(rank) as f64 / v;
@@ -367,7 +382,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             0.0
         };
         let weights = shard(params * e, 3) + fp8_copies;
-        let grads = shard(params * p.dtype.grad_bytes(), 2);
+        let grads = shard(params * grad_store, 2);
         let optimizer = shard(params * p.dtype.optimizer_bytes(), 1);
         let prefetch = if p.zero >= 3 { 2.0 * params / blocks * e } else { 0.0 };
         let tensors = weights + grads + optimizer + act;

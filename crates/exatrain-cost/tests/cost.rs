@@ -119,37 +119,68 @@ fn pipeline_in_flight_microbatches() {
 
 #[test]
 fn model_state_bytes_by_zero_stage() {
+    use exatrain_spec::Framework;
     let m = presets::model("mlm21-7.5b").unwrap();
-    let c = presets::cluster("selene").unwrap();
     let n = m.params() as f64;
-    let mut prev = f64::INFINITY;
-    for zero in 0..=3u8 {
-        let cfg = ParallelConfig {
-            zero,
-            ..ParallelConfig::new(1, 1, 8, 1, 64)
-        };
-        let p = plan(&m, &c, &cfg).unwrap();
-        let mb = p.memory_bytes;
-        // Megatron-LM's distributed-optimizer table: bf16 weights, fp32 gradients, fp32 master
-        // weights + Adam moments = 2 + 4 + 12 bytes per parameter, sharded by stage
-        let (w, g, o) = match zero {
-            0 => (2.0 * n, 4.0 * n, 12.0 * n),
-            1 => (2.0 * n, 4.0 * n, 12.0 * n / 8.0),
-            2 => (2.0 * n, 4.0 * n / 8.0, 12.0 * n / 8.0),
-            _ => (2.0 * n / 8.0, 4.0 * n / 8.0, 12.0 * n / 8.0),
-        };
-        assert!(
-            close(mb.weights, w, 1e-12) && close(mb.grads, g, 1e-12) && close(mb.optimizer, o, 1e-12),
-            "zero {zero}"
-        );
-        assert!(mb.weights + mb.grads + mb.optimizer < prev);
-        prev = mb.weights + mb.grads + mb.optimizer;
-        assert!(close(
-            mb.total,
-            mb.weights + mb.grads + mb.optimizer + mb.activations + mb.other,
-            1e-12
-        ));
+    // bf16 weights, fp32 master weights + Adam moments (12 bytes), and the gradient buffer as
+    // each framework keeps it: Megatron-LM's main_grad in bf16 under the exported
+    // --grad-reduce-in-bf16 (2 + 2 + 12 bytes), DeepSpeed's and FSDP2's in fp32 (2 + 4 + 12, as
+    // Megatron-LM's distributed-optimizer table counts its fp32 default); sharded by stage
+    for (fw, grad) in [
+        (Framework::MegatronLm, 2.0),
+        (Framework::MegatronDeepspeed, 4.0),
+        (Framework::Torchtitan, 4.0),
+    ] {
+        let c = presets::cluster("selene").unwrap().for_framework(fw);
+        let mut prev = f64::INFINITY;
+        for zero in 0..=3u8 {
+            let cfg = ParallelConfig {
+                zero,
+                ..ParallelConfig::new(1, 1, 8, 1, 64)
+            };
+            let p = plan(&m, &c, &cfg).unwrap();
+            let mb = p.memory_bytes;
+            let (w, g, o) = match zero {
+                0 => (2.0 * n, grad * n, 12.0 * n),
+                1 => (2.0 * n, grad * n, 12.0 * n / 8.0),
+                2 => (2.0 * n, grad * n / 8.0, 12.0 * n / 8.0),
+                _ => (2.0 * n / 8.0, grad * n / 8.0, 12.0 * n / 8.0),
+            };
+            assert!(
+                close(mb.weights, w, 1e-12) && close(mb.grads, g, 1e-12) && close(mb.optimizer, o, 1e-12),
+                "{fw} zero {zero}: {} {}",
+                mb.grads,
+                g
+            );
+            assert!(mb.weights + mb.grads + mb.optimizer < prev);
+            prev = mb.weights + mb.grads + mb.optimizer;
+            assert!(close(
+                mb.total,
+                mb.weights + mb.grads + mb.optimizer + mb.activations + mb.other,
+                1e-12
+            ));
+        }
     }
+    // fp32 training (and the trainer, which runs it) keeps fp32 gradients under Megatron-LM too
+    let c = presets::cluster("selene").unwrap();
+    let fp32 = ParallelConfig {
+        dtype: exatrain_spec::Dtype::Fp32,
+        ..ParallelConfig::new(1, 1, 8, 1, 64)
+    };
+    assert!(close(plan(&m, &c, &fp32).unwrap().memory_bytes.grads, 4.0 * n, 1e-12));
+    // the trainer (a cluster of no framework) accumulates into fp32 gradients in bf16 as well
+    let mut trainer = c.clone();
+    trainer.stack.framework = None;
+    let bf16 = ParallelConfig::new(1, 1, 8, 1, 64);
+    assert!(close(
+        plan(&m, &trainer, &bf16).unwrap().memory_bytes.grads,
+        4.0 * n,
+        1e-12
+    ));
+    // without data parallelism Megatron-LM's export passes no --grad-reduce-in-bf16: fp32
+    let one = ParallelConfig::new(8, 1, 1, 1, 64);
+    let g = plan(&m, &c, &one).unwrap().memory_bytes.grads;
+    assert!(close(g, 4.0 * n / 8.0, 0.01), "{g}");
 }
 
 #[test]

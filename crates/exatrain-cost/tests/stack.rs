@@ -330,3 +330,50 @@ fn unfused_biases_and_dropouts_are_passes_of_their_own() {
     let bytes = tokens * 4.0 * (7.0 * h / 8.0 + 4.0 * h / 8.0);
     assert!(close(extra, df.stream(bytes), 1e-9));
 }
+
+/// Megatron-LM's interleaved schedule overlaps each pipeline send with the next chunk's compute
+/// (`overlap_p2p_comm`): only the fill's and the drain's sends are exposed while a send is
+/// shorter than a forward chunk. Without interleaving, with the 2021-2022 code, and for the
+/// trainer and DeepSpeed's pipeline engine every send blocks.
+#[test]
+fn interleaved_pipeline_sends_hide_under_the_next_chunk() {
+    use exatrain_cost::comm::{group_link, send_recv};
+    use exatrain_spec::{Dim, Framework};
+    let lm = presets::cluster("dgx-h100").unwrap();
+    assert_eq!(lm.stack.framework, Some(Framework::MegatronLm));
+    let mut blocking = lm.clone();
+    blocking.stack.overlap_p2p = false;
+    let m = presets::model("llama2-70b").unwrap();
+    // tp 4 · pp 4 · dp 4, 32 microbatches, 20 chunks per stage (NeMo's Llama 2 70B layout)
+    let p = ParallelConfig {
+        sequence_parallel: true,
+        virtual_stages: 20,
+        ..ParallelConfig::new(4, 4, 4, 1, 128)
+    };
+    let times = |c: &exatrain_spec::ClusterSpec, p: &ParallelConfig| exatrain_cost::plan(&m, c, p).unwrap().time_s;
+    let (a, b) = (times(&lm, &p), times(&blocking, &p));
+    let send = send_recv(
+        m.seq_len as f64 * m.hidden as f64 * 2.0 / 4.0,
+        group_link(&lm, 4, p.stride(Dim::Pp)),
+    );
+    // blocking: each of 2 v sends per microbatch waits
+    assert!(close(b.pp_comm, 2.0 * 20.0 * 32.0 * send, 1e-9), "{} {send}", b.pp_comm);
+    // overlapped: the fill and the drain, 2 (pp - 1) sends
+    assert!(close(a.pp_comm, 2.0 * 3.0 * send, 1e-9), "{} {send}", a.pp_comm);
+    assert_eq!(a.compute, b.compute);
+    // no interleaving: Megatron-LM turns the overlap off, every send waits
+    let flat = ParallelConfig { virtual_stages: 1, ..p };
+    let (a, b) = (times(&lm, &flat), times(&blocking, &flat));
+    assert_eq!(a.pp_comm, b.pp_comm);
+    // DeepSpeed's pipeline engine and the trainer (no framework) block
+    for fw in [Some(Framework::MegatronDeepspeed), None] {
+        let mut c = lm.clone();
+        c.stack.framework = fw;
+        let t = times(&c, &p);
+        assert!(
+            close(t.pp_comm, 2.0 * 20.0 * 32.0 * send, 1e-9),
+            "{fw:?}: {}",
+            t.pp_comm
+        );
+    }
+}

@@ -119,8 +119,9 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         f.push("--tp-comm-overlap".into());
     }
     if c.dtype == Dtype::Bf16 && c.dp > 1 {
-        // the planner prices the gradient reduction in the training dtype (Dtype::grad_bytes),
-        // as NVIDIA's H100 examples run it; Megatron-LM's default for bf16 reduces in fp32
+        // the planner prices the gradient reduction in the training dtype and the gradient
+        // buffer in bf16 (Framework::dp_reduction, Framework::grad_store_bytes), as NVIDIA's
+        // H100 examples run it; Megatron-LM's default for bf16 reduces and keeps them in fp32
         f.push("--grad-reduce-in-bf16".into());
     }
     if c.overlap_dp && c.dp > 1 {

@@ -245,6 +245,12 @@ pub struct StackSpec {
     /// `torch.nn.Dropout`, then `+`).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub bias_fusion: bool,
+    /// Whether the stack overlaps the pipeline's sends and receives with the next chunk's
+    /// compute where its framework does ([`Framework::overlaps_pp_comm`]: Megatron-LM's
+    /// interleaved schedule, `overlap_p2p_comm`, on by default since megatron-core of 2023).
+    /// false: the code before it (Narayanan 2021's and Korthikanti 2022's interleaved runs).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub overlap_p2p: bool,
 }
 
 impl Default for StackSpec {
@@ -255,6 +261,7 @@ impl Default for StackSpec {
             fused_softmax: true,
             async_tp: true,
             bias_fusion: true,
+            overlap_p2p: true,
         }
     }
 }

@@ -104,6 +104,23 @@ impl Framework {
         }
     }
 
+    /// Bytes of one stored gradient element (the buffer backward accumulates into, before
+    /// ZeRO-2/3 sharding), as the framework runs what exatrain exports:
+    /// - Megatron-LM: the training dtype where there is a reduction (dp > 1). Its DDP buffer
+    ///   holds `main_grad` in the reduction's dtype, and the export passes
+    ///   `--grad-reduce-in-bf16` when dp > 1 (NVIDIA's H100 examples do), so a bf16 parameter
+    ///   costs 2 + 2 + 12 bytes before sharding; without that flag Megatron-LM accumulates in
+    ///   fp32 (18 bytes, its distributed-optimizer table). Under fp32, 4. (The trainer, no
+    ///   framework, keeps fp32 gradients in both precisions.)
+    /// - Megatron-DeepSpeed: fp32 (`BF16_Optimizer` accumulates every microbatch into fp32).
+    /// - torchtitan: fp32 (FSDP2's sharded gradients take the fp32 `reduce_dtype`).
+    pub fn grad_store_bytes(self, c: &ParallelConfig) -> f64 {
+        match self {
+            Framework::MegatronLm if c.dp > 1 => c.dtype.bytes(),
+            Framework::MegatronLm | Framework::MegatronDeepspeed | Framework::Torchtitan => Dtype::Fp32.bytes(),
+        }
+    }
+
     /// What this framework's selective recomputation redoes in backward, as shares of one
     /// block's forward ([`Recompute::Selective`]; exatrain's exports ask for exactly this).
     /// - Megatron-LM / Megatron-DeepSpeed (`--recompute-granularity selective`): the attention
@@ -265,6 +282,21 @@ impl Framework {
             Framework::MegatronLm => true,
             Framework::MegatronDeepspeed => c.sequence_parallel,
             Framework::Torchtitan => false,
+        }
+    }
+
+    /// Whether the framework overlaps the pipeline's point-to-point sends and receives with the
+    /// next chunk's compute, so that only the pipeline's fill and drain wait for them.
+    /// - Megatron-LM: with the interleaved schedule (`--num-layers-per-virtual-pipeline-stage`),
+    ///   `overlap_p2p_comm` is on by default (`--no-overlap-p2p-communication` turns it off);
+    ///   `validate_args` turns it off without interleaving, where every send blocks.
+    /// - Megatron-DeepSpeed: DeepSpeed's pipeline engine runs its sends and receives as
+    ///   blocking instructions of its schedule.
+    /// - torchtitan: not priced (exatrain exports no torchtitan pipeline schedule with overlap).
+    pub fn overlaps_pp_comm(self, c: &ParallelConfig) -> bool {
+        match self {
+            Framework::MegatronLm => c.virtual_stages > 1,
+            Framework::MegatronDeepspeed | Framework::Torchtitan => false,
         }
     }
 

@@ -67,15 +67,6 @@ impl Dtype {
             Dtype::Fp32 => 4.0,
         }
     }
-    /// Bytes of one gradient element as it is accumulated and stored: fp32 under both
-    /// (Megatron-LM keeps fp32 main gradients for bf16 by default; DeepSpeed's bf16 optimizer
-    /// accumulates in fp32 too), so a bf16 parameter costs 2 + 4 + 12 = 18 bytes before sharding,
-    /// as Megatron-LM's distributed-optimizer table counts. The data-parallel reduction is priced
-    /// in the training dtype ([`Dtype::bytes`]): what performance configurations run
-    /// (`--grad-reduce-in-bf16`); Megatron-LM's default reduces in fp32, twice the bytes.
-    pub fn grad_bytes(self) -> f64 {
-        4.0
-    }
     /// Optimizer state bytes per parameter (Adam): fp32 master copy + m + v for mixed
     /// precision (ZeRO paper's K = 12), m + v for fp32.
     pub fn optimizer_bytes(self) -> f64 {
