@@ -54,6 +54,10 @@ pub struct StudyArgs {
     /// Do not search flash attention (a stack without it).
     #[arg(long)]
     pub no_flash: bool,
+    /// Search layouts whose transformer blocks' linear layers run in FP8 (as `plan --fp8`;
+    /// needs a device with an FP8 peak; Megatron-LM is the framework that exports it).
+    #[arg(long)]
+    pub fp8: bool,
     /// Explain each recommendation against the best layout this framework runs (megatron-lm,
     /// megatron-deepspeed, torchtitan, or `any`), term by term, naming what the recommendation
     /// needs beyond it; with --compare-zero and --compare-no-flash for the stack's other limits.
@@ -174,6 +178,9 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         .map(|m| load::model(m.trim()))
         .collect::<Result<Vec<_>, _>>()?;
     let cluster = load::cluster(&a.cluster)?;
+    if a.fp8 && cluster.device.peak_tflops_fp8.is_none() {
+        return Err(SpecError::new(exatrain_spec::Invalid::Fp8Unsupported.to_string()));
+    }
     let nodes = a
         .nodes
         .split(',')
@@ -212,6 +219,8 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
             zero: crate::tune_cmd::zero_stages(zero.as_deref().unwrap_or("0,1,2,3"))
                 .map_err(|e| SpecError::new(e.0.replacen("--zero", "--compare-zero", 1)))?,
             flash_attention: !no_flash,
+            // the stack compared against trains in bf16: an FP8 recommendation names FP8 as a need
+            fp8: false,
         }),
     };
     let spec = StudySpec {
@@ -225,6 +234,7 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
             framework: a.framework.as_deref().map(str::parse).transpose()?,
             zero: crate::tune_cmd::zero_stages(&a.zero)?,
             flash_attention: !a.no_flash,
+            fp8: a.fp8,
         },
         compare,
     };
@@ -287,7 +297,15 @@ pub struct ExportArgs {
 /// The layout fields of a result row (which also carries plan fields): exactly the keys a
 /// `ParallelConfig` serializes to.
 fn config_of(v: &serde_json::Value, origin: &str) -> Result<ParallelConfig, SpecError> {
-    let fields = serde_json::to_value(ParallelConfig::new(1, 1, 1, 1, 1)).expect("config serializes");
+    // every field's name, the optional ones (skipped when unset) set so that they are listed
+    let all = ParallelConfig {
+        fp8: true,
+        overlap_tp: true,
+        first_stage_layers: Some(1),
+        last_stage_layers: Some(1),
+        ..ParallelConfig::new(1, 1, 1, 1, 1)
+    };
+    let fields = serde_json::to_value(all).expect("config serializes");
     let mut o = serde_json::Map::new();
     for k in fields.as_object().expect("object").keys() {
         if let Some(x) = v.get(k) {

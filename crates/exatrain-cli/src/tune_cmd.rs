@@ -160,6 +160,10 @@ pub struct TuneArgs {
     /// Do not consider sequence parallelism.
     #[arg(long)]
     pub no_sp: bool,
+    /// Search layouts whose transformer blocks' linear layers run in FP8 (as `plan --fp8`;
+    /// needs a device with an FP8 peak, and only Megatron-LM is exported with it).
+    #[arg(long)]
+    pub fp8: bool,
 }
 
 /// Everything a stored search needs to resume.
@@ -255,6 +259,11 @@ pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
 
 /// The layouts exatrain's trainer runs: fp32, no flash attention, ZeRO 0-2.
 fn trainer_space(s: &mut SpaceSpec) -> Result<(), SpecError> {
+    if s.fp8 {
+        return Err(SpecError::new(
+            "--fp8: the trainer runs fp32 (allowed with --evaluator train: no --fp8)",
+        ));
+    }
     s.dtype = exatrain_spec::Dtype::Fp32;
     s.flash_attention = vec![false];
     s.zero.retain(|z| *z <= 2);
@@ -361,6 +370,7 @@ pub(crate) fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError
         s.sequence_parallel = vec![false];
     }
     s.interleave = !a.no_interleave;
+    s.fp8 = a.fp8;
     if a.evaluator == EvaluatorArg::Train {
         trainer_space(&mut s)?;
     }
@@ -393,6 +403,9 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
     }
     let (model, cluster) = a.spec.load()?;
     let gpu_list = parse_gpus(&a.gpus, cluster.node.devices)?;
+    if a.fp8 && cluster.device.peak_tflops_fp8.is_none() {
+        return Err(SpecError::new(exatrain_spec::Invalid::Fp8Unsupported.to_string()));
+    }
     match a.strategy {
         StrategyArg::Exhaustive => {
             if a.evaluator != EvaluatorArg::Model {

@@ -150,10 +150,11 @@ pub(crate) fn exhaustive_cmd(
         return Ok(());
     }
     println!(
-        "{} on {} × {}: {} layouts evaluated in {:.2} s ({:.1} M/s), {} fit in memory",
+        "{} on {} × {}{}: {} layouts evaluated in {:.2} s ({:.1} M/s), {} fit in memory",
         model.name,
         s.gpus,
         cluster.device.name,
+        if s.fp8 { " (FP8 linears)" } else { "" },
         r.evaluated,
         dt,
         r.evaluated as f64 / dt / 1e6,

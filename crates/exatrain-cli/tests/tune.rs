@@ -114,6 +114,27 @@ fn tune_bad_input_is_a_clear_error() {
         (&["tune", "--zero", "4"], "--zero 4 is not a ZeRO stage"),
         (&["tune", "--gpus", "64..8"], "the range is empty"),
         (&["tune", "--resume", "/nonexistent/exatrain"], "cannot read"),
+        (
+            &["tune", "--cluster", "selene", "--gpus", "64", "--fp8"],
+            "--fp8: the cluster's device has no FP8 tensor cores",
+        ),
+        (
+            &[
+                "tune",
+                "--cluster",
+                "dgx-h100",
+                "--gpus",
+                "16",
+                "--fp8",
+                "--framework",
+                "torchtitan",
+            ],
+            "torchtitan can run none of the layouts",
+        ),
+        (
+            &["study", "--cluster", "frontier", "--model", "gpt-22b", "--fp8"],
+            "--fp8: the cluster's device has no FP8 tensor cores",
+        ),
     ];
     for (args, want) in cases {
         let out = exatrain(args);
@@ -454,4 +475,43 @@ fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
     let e = exatrain(&args);
     assert_eq!(e.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&e.stderr).contains("the trainer implements ZeRO 0, 1 and 2"));
+}
+
+/// `tune --fp8` searches FP8 layouts, says so, and its best layout exports with Megatron-LM's
+/// FP8 flags (`export --from` keeps every layout field, the optional ones included).
+#[test]
+fn an_fp8_search_exports_its_fp8_layout() {
+    let dir = tmp("fp8");
+    let out = exatrain(&[
+        "tune",
+        "--model",
+        "llama2-13b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "64",
+        "--fp8",
+        "--framework",
+        "megatron-lm",
+        "--top",
+        "2",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(FP8 linears)"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tune.json")).unwrap()).unwrap();
+    assert_eq!(v["best"][0]["fp8"], true);
+    let out = exatrain(&[
+        "export",
+        "--format",
+        "megatron-lm",
+        "--from",
+        dir.join("tune.json").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job = String::from_utf8_lossy(&out.stdout);
+    assert!(job.contains("--fp8-format hybrid"), "{job}");
 }

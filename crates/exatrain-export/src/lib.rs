@@ -202,6 +202,10 @@ pub fn export(
     launcher: Launcher,
 ) -> Result<Vec<File>, SpecError> {
     c.check(m, c.gpus())?;
+    if c.fp8 && cl.device.peak_tflops_fp8.is_none() {
+        // Transformer Engine's FP8 needs FP8 tensor cores: the job would fail at its first step
+        return Err(exatrain_spec::Invalid::Fp8Unsupported.into());
+    }
     let (framework, launcher) = match format {
         Format::Exatrain => return run_file(m, cl, c),
         Format::Slurm => (Framework::MegatronLm, Launcher::Slurm),

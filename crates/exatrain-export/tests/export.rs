@@ -415,4 +415,14 @@ fn fp8_is_exported_to_megatron_lm_and_refused_elsewhere() {
     }
     let run = render(&export(&m, &c, &cfg, Format::Exatrain, Launcher::Torchrun).unwrap());
     assert!(run.contains("fp8 = true"), "{run}");
+    // an A100 cluster has no FP8 tensor cores: no format exports an FP8 job for it
+    let a100 = presets::cluster("selene").unwrap();
+    for format in [
+        Format::Framework(Framework::MegatronLm),
+        Format::Slurm,
+        Format::Exatrain,
+    ] {
+        let e = export(&m, &a100, &cfg, format, Launcher::Torchrun).unwrap_err();
+        assert!(e.to_string().contains("FP8 tensor cores"), "{format:?}: {e}");
+    }
 }

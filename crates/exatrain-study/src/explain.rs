@@ -15,6 +15,8 @@ pub struct Stack {
     /// The ZeRO stages it runs.
     pub zero: Vec<u8>,
     pub flash_attention: bool,
+    /// It trains the blocks' linear layers in FP8 (`ParallelConfig::fp8`).
+    pub fp8: bool,
 }
 
 impl Stack {
@@ -24,6 +26,7 @@ impl Stack {
             framework: None,
             zero: vec![0, 1, 2, 3],
             flash_attention: true,
+            fp8: false,
         }
     }
 
@@ -39,7 +42,7 @@ impl Stack {
             } else {
                 "no flash attention"
             }
-        )
+        ) + if self.fp8 { ", FP8 linears" } else { "" }
     }
 }
 
@@ -126,7 +129,15 @@ pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack, priced_as: Option<Framew
     if c.flash_attention && !stack.flash_attention {
         out.push("flash attention (no s×s score tensor: less memory, less traffic)".into());
     }
+    if c.fp8 && !stack.fp8 {
+        out.push("FP8 linear layers (Transformer Engine; the stack trains them in bf16)".into());
+    }
     if let Some(f) = stack.framework {
+        // what else the framework cannot run, the FP8 already named above set aside
+        let c = &exatrain_spec::ParallelConfig {
+            fp8: c.fp8 && stack.fp8,
+            ..*c
+        };
         if let Err(why) = f.can_run(m, c) {
             out.push(format!("{why} (not run by {f})"));
         }

@@ -103,6 +103,7 @@ fn best_on(m: &ModelSpec, c: &ClusterSpec, gpus: u32, gb: u32, stack: &explain::
     let mut s = SpaceSpec {
         framework: stack.framework,
         zero: stack.zero.clone(),
+        fp8: stack.fp8,
         ..SpaceSpec::new(gpus, gb)
     };
     if !stack.flash_attention {

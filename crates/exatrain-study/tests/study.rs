@@ -120,6 +120,7 @@ fn a_restricted_study_recommends_only_what_the_stack_runs() {
                 framework: None,
                 zero: vec![0, 1],
                 flash_attention: false,
+                fp8: false,
             },
             ..spec(vec![128])
         },
@@ -140,6 +141,7 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
         framework: Some("megatron-deepspeed".parse().unwrap()),
         zero: vec![0, 1],
         flash_attention: false,
+        fp8: false,
     };
     let s = study(
         std::slice::from_ref(&m),
@@ -222,6 +224,7 @@ fn the_explanation_names_the_asynchronous_tp_communication_a_stack_lacks() {
         framework: Some(f),
         zero: vec![0, 1],
         flash_attention: true,
+        fp8: false,
     };
     let no_sp = ParallelConfig {
         zero: 1,
@@ -241,4 +244,54 @@ fn the_explanation_names_the_asynchronous_tp_communication_a_stack_lacks() {
     assert!(!said(sp, Framework::MegatronDeepspeed));
     assert!(said(sp, Framework::Torchtitan));
     assert!(!said(no_sp, Framework::MegatronLm));
+}
+
+/// An FP8 study searches FP8 layouts only, is faster than the bf16 one on an H100, and explains
+/// its recommendation against a bf16 stack by naming FP8 as a need (once).
+#[test]
+fn an_fp8_study_recommends_fp8_layouts_and_names_fp8_against_a_bf16_stack() {
+    use exatrain_study::explain::Stack;
+    let m = presets::model("llama2-13b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let bf16 = study(std::slice::from_ref(&m), &c, &spec(vec![2]));
+    let fp8_stack = Stack {
+        fp8: true,
+        ..Stack::any()
+    };
+    let fp8 = study(
+        std::slice::from_ref(&m),
+        &c,
+        &StudySpec {
+            search: fp8_stack.clone(),
+            compare: Some(Stack {
+                framework: Some("megatron-lm".parse().unwrap()),
+                ..Stack::any()
+            }),
+            ..spec(vec![2])
+        },
+    );
+    let best = |s: &exatrain_study::Study| s.models[0].rows[0].strong.clone().unwrap();
+    let (a, b) = (best(&bf16), best(&fp8));
+    assert!(!a.config.fp8 && b.config.fp8, "{:?} {:?}", a.config, b.config);
+    assert!(
+        b.plan.tokens_per_s > a.plan.tokens_per_s,
+        "{} {}",
+        b.plan.tokens_per_s,
+        a.plan.tokens_per_s
+    );
+    let e = fp8.models[0].rows[0].compared.as_ref().unwrap();
+    let needs = e.needs.join("; ");
+    assert_eq!(needs.matches("FP8").count(), 1, "{needs}");
+    assert!(fp8_stack.describe().ends_with(", FP8 linears"));
+    // a cluster without FP8 tensor cores has no FP8 layout to offer
+    let a100 = presets::cluster("selene").unwrap();
+    let none = study(
+        std::slice::from_ref(&m),
+        &a100,
+        &StudySpec {
+            search: fp8_stack,
+            ..spec(vec![2])
+        },
+    );
+    assert!(none.models[0].rows[0].strong.is_none());
 }

@@ -42,6 +42,10 @@ pub struct SpaceSpec {
     /// first/last stage sizes.
     #[serde(default)]
     pub uneven: bool,
+    /// Every layout runs the blocks' linear layers in FP8 (`ParallelConfig::fp8`; the cluster
+    /// needs an FP8 peak, and only Megatron-LM is exported with it).
+    #[serde(default)]
+    pub fp8: bool,
 }
 
 impl SpaceSpec {
@@ -63,6 +67,7 @@ impl SpaceSpec {
             launchable: true,
             framework: None,
             uneven: false,
+            fp8: false,
         }
     }
 }
@@ -127,8 +132,7 @@ impl Options {
             virtual_stages,
             flash_attention,
             dtype: s.dtype,
-            // the search runs the linear layers in `dtype` (tune has no --fp8)
-            fp8: false,
+            fp8: s.fp8,
             overlap_dp: s.overlap_dp,
             overlap_tp: false,
             order,
