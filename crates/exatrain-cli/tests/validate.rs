@@ -164,6 +164,10 @@ fn validate_rejects_a_bad_csv() {
             format!("{header},fp8\n{row},137,maybe\n"),
             "fp8 `maybe` is not known (allowed: yes, no)",
         ),
+        (
+            format!("{header},overlap_pp\n{row},137,overlapped\n"),
+            "overlap_pp `overlapped` is not known (allowed: yes, no)",
+        ),
         // FP8 on an A100
         (
             format!("{header},fp8\n{row},137,yes\n"),
