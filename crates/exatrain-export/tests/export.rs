@@ -321,6 +321,11 @@ fn check_job(
     }
 }
 
+/// The Megatron-LM job of a layout, rendered as one text.
+fn megatron_lm_job(m: &exatrain_spec::ModelSpec, c: &exatrain_spec::ClusterSpec, cfg: &ParallelConfig) -> String {
+    render(&export(m, c, cfg, Format::Framework(Framework::MegatronLm), Launcher::Torchrun).unwrap())
+}
+
 /// `--overlap-tp` is Megatron-LM's `--tp-comm-overlap` (its parser's assertion wants sequence
 /// parallelism, which the layout check already demands); the other frameworks refuse it.
 #[test]
@@ -332,32 +337,14 @@ fn tp_overlap_is_exported_to_megatron_lm_and_refused_elsewhere() {
         overlap_tp: true,
         ..layout(8, 1, 2, 1, 16)
     };
-    let mlm = render(
-        &export(
-            &m,
-            &c,
-            &cfg,
-            Format::Framework(Framework::MegatronLm),
-            Launcher::Torchrun,
-        )
-        .unwrap(),
-    );
+    let mlm = megatron_lm_job(&m, &c, &cfg);
     assert!(mlm.contains("--tp-comm-overlap"), "{mlm}");
     assert!(mlm.contains("--sequence-parallel"));
     let plain = ParallelConfig {
         overlap_tp: false,
         ..cfg
     };
-    let without = render(
-        &export(
-            &m,
-            &c,
-            &plain,
-            Format::Framework(Framework::MegatronLm),
-            Launcher::Torchrun,
-        )
-        .unwrap(),
-    );
+    let without = megatron_lm_job(&m, &c, &plain);
     assert!(!without.contains("--tp-comm-overlap"));
     for f in [Framework::MegatronDeepspeed, Framework::Torchtitan] {
         let e = export(&m, &c, &cfg, Format::Framework(f), Launcher::Torchrun).unwrap_err();
@@ -379,16 +366,7 @@ fn fp8_is_exported_to_megatron_lm_and_refused_elsewhere() {
         fp8: true,
         ..layout(2, 1, 4, 1, 32)
     };
-    let mlm = render(
-        &export(
-            &m,
-            &c,
-            &cfg,
-            Format::Framework(Framework::MegatronLm),
-            Launcher::Torchrun,
-        )
-        .unwrap(),
-    );
+    let mlm = megatron_lm_job(&m, &c, &cfg);
     for f in [
         "--bf16",
         "--fp8-format hybrid",
@@ -398,16 +376,7 @@ fn fp8_is_exported_to_megatron_lm_and_refused_elsewhere() {
         assert!(mlm.contains(f), "{f}: {mlm}");
     }
     let plain = ParallelConfig { fp8: false, ..cfg };
-    let without = render(
-        &export(
-            &m,
-            &c,
-            &plain,
-            Format::Framework(Framework::MegatronLm),
-            Launcher::Torchrun,
-        )
-        .unwrap(),
-    );
+    let without = megatron_lm_job(&m, &c, &plain);
     assert!(!without.contains("--fp8"), "{without}");
     for f in [Framework::MegatronDeepspeed, Framework::Torchtitan] {
         let e = export(&m, &c, &cfg, Format::Framework(f), Launcher::Torchrun).unwrap_err();
