@@ -142,8 +142,14 @@ pub fn needs(m: &ModelSpec, rec: &Point, stack: &Stack, priced_as: Option<Framew
             out.push(format!("{why} (not run by {f})"));
         }
         // the stack's own gradient-accumulation passes, which the pricing framework does not have
+        // at the recommendation's own ZeRO stage where the stack runs it, else at the stack's
+        // stage that costs most (the layout would have to run at one of them)
         let own = |z: u8| f.grad_accum_bytes_per_param(&exatrain_spec::ParallelConfig { zero: z, ..*c });
-        let bytes = stack.zero.iter().map(|&z| own(z)).fold(0.0, f64::max);
+        let bytes = if stack.zero.contains(&c.zero) {
+            own(c.zero)
+        } else {
+            stack.zero.iter().map(|&z| own(z)).fold(0.0, f64::max)
+        };
         if let Some(g) = priced_as.filter(|g| bytes > g.grad_accum_bytes_per_param(c)) {
             out.push(format!(
                 "{g}'s gradient accumulation, without separate passes ({f}'s optimizer moves {bytes} bytes per parameter after each microbatch's backward)"

@@ -295,3 +295,38 @@ fn an_fp8_study_recommends_fp8_layouts_and_names_fp8_against_a_bf16_stack() {
     );
     assert!(none.models[0].rows[0].strong.is_none());
 }
+
+/// DeepSpeed's separate accumulation passes belong to its `BF16_Optimizer` (ZeRO ≤ 1): a ZeRO-3
+/// recommendation that the stack runs at ZeRO-3 does not need Megatron-LM's fused accumulation,
+/// a ZeRO-1 one does, and a ZeRO-3 one the stack runs only at ZeRO 0/1 does too.
+#[test]
+fn the_accumulation_need_is_priced_at_the_stage_the_stack_would_run() {
+    use exatrain_spec::{Framework, ParallelConfig};
+    use exatrain_study::explain::{needs, Stack};
+    let m = presets::model("gpt-22b").unwrap();
+    let c = presets::cluster("frontier").unwrap();
+    let point = |config: ParallelConfig| exatrain_study::Point {
+        global_batch: config.global_batch,
+        plan: exatrain_cost::plan(&m, &c, &config).unwrap(),
+        config,
+    };
+    let ds = |zero: Vec<u8>| Stack {
+        framework: Some(Framework::MegatronDeepspeed),
+        zero,
+        flash_attention: true,
+        fp8: false,
+    };
+    let said = |zero: u8, stack: Stack| {
+        let cfg = ParallelConfig {
+            zero,
+            flash_attention: true,
+            ..ParallelConfig::new(1, 1, 64, 1, 128)
+        };
+        needs(&m, &point(cfg), &stack, Some(Framework::MegatronLm))
+            .join("; ")
+            .contains("gradient accumulation, without separate passes")
+    };
+    assert!(!said(3, ds(vec![0, 1, 2, 3])));
+    assert!(said(1, ds(vec![0, 1, 2, 3])));
+    assert!(said(3, ds(vec![0, 1])));
+}
