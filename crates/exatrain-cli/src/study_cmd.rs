@@ -178,8 +178,8 @@ pub fn run_study(a: StudyArgs) -> Result<(), SpecError> {
         .map(|m| load::model(m.trim()))
         .collect::<Result<Vec<_>, _>>()?;
     let cluster = load::cluster(&a.cluster)?;
-    if a.fp8 && cluster.device.peak_tflops_fp8.is_none() {
-        return Err(SpecError::new(exatrain_spec::Invalid::Fp8Unsupported.to_string()));
+    if a.fp8 {
+        cluster.device.require_fp8()?;
     }
     let nodes = a
         .nodes

@@ -403,8 +403,8 @@ pub fn run(a: TuneArgs) -> Result<(), SpecError> {
     }
     let (model, cluster) = a.spec.load()?;
     let gpu_list = parse_gpus(&a.gpus, cluster.node.devices)?;
-    if a.fp8 && cluster.device.peak_tflops_fp8.is_none() {
-        return Err(SpecError::new(exatrain_spec::Invalid::Fp8Unsupported.to_string()));
+    if a.fp8 {
+        cluster.device.require_fp8()?;
     }
     match a.strategy {
         StrategyArg::Exhaustive => {

@@ -318,13 +318,11 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
     };
     cfg.check(&model, run.gpus)
         .map_err(|e| SpecError::new(format!("run {}: {e}", run.name)))?;
-    if cfg.fp8 && cluster.device.fp8().is_none() {
-        return Err(SpecError::new(format!(
-            "run {}: fp8 yes on {}: {}",
-            run.name,
-            run.cluster,
-            exatrain_spec::Invalid::Fp8Unsupported
-        )));
+    if cfg.fp8 {
+        cluster
+            .device
+            .require_fp8()
+            .map_err(|e| SpecError::new(format!("run {}: fp8 yes on {}: {e}", run.name, run.cluster)))?;
     }
     if !matches!(run.metric.as_str(), "hfu_tflops" | "mfu" | "tflops" | "step_s") {
         return Err(SpecError::new(format!(

@@ -86,8 +86,8 @@ pub struct Plan {
 /// Predict memory and step time. Invalid layouts are returned as values for the caller to count.
 pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, Invalid> {
     p.check(m, p.gpus())?;
-    if p.fp8 && c.device.peak_tflops_fp8.is_none() {
-        return Err(Invalid::Fp8Unsupported);
+    if p.fp8 {
+        c.device.require_fp8()?;
     }
     let d = Device::new(c, p.dtype);
     let e = p.dtype.bytes();

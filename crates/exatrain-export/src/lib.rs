@@ -202,9 +202,9 @@ pub fn export(
     launcher: Launcher,
 ) -> Result<Vec<File>, SpecError> {
     c.check(m, c.gpus())?;
-    if c.fp8 && cl.device.peak_tflops_fp8.is_none() {
+    if c.fp8 {
         // Transformer Engine's FP8 needs FP8 tensor cores: the job would fail at its first step
-        return Err(exatrain_spec::Invalid::Fp8Unsupported.into());
+        cl.device.require_fp8()?;
     }
     let (framework, launcher) = match format {
         Format::Exatrain => return run_file(m, cl, c),

@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 
-use crate::{Dtype, Framework, SpecError};
+use crate::{Dtype, Framework, Invalid, SpecError};
 
 /// How well one device's dense GEMMs use its peak, by problem size:
 /// `eff(m, n, k) = max_efficiency · d / (d + half_size)` with `d = 3 / (1/m + 1/n + 1/k)`
@@ -118,6 +118,11 @@ impl DeviceSpec {
     pub fn fp8(&self) -> Option<(f64, GemmEfficiency)> {
         self.peak_tflops_fp8
             .map(|p| (1e12 * p, self.gemm_fp8.unwrap_or(self.gemm)))
+    }
+
+    /// The same, or why `--fp8` cannot run here: the one check every command makes of it.
+    pub fn require_fp8(&self) -> Result<(f64, GemmEfficiency), Invalid> {
+        self.fp8().ok_or(Invalid::Fp8Unsupported)
     }
 
     /// Dense peak in FLOP/s for a training precision (with `--fp8` too: MFU stays against the
