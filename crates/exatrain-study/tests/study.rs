@@ -15,6 +15,19 @@ fn spec(nodes: Vec<u32>) -> StudySpec {
     }
 }
 
+/// A layout as a study point, planned on `c`.
+fn point(
+    m: &exatrain_spec::ModelSpec,
+    c: &exatrain_spec::ClusterSpec,
+    config: exatrain_spec::ParallelConfig,
+) -> exatrain_study::Point {
+    exatrain_study::Point {
+        global_batch: config.global_batch,
+        plan: exatrain_cost::plan(m, c, &config).unwrap(),
+        config,
+    }
+}
+
 #[test]
 fn scaling_efficiency_by_hand() {
     // 8 devices at 100 tokens/s each; 32 devices giving 2800 tokens/s → 87.5 %
@@ -215,11 +228,7 @@ fn the_explanation_names_the_asynchronous_tp_communication_a_stack_lacks() {
     use exatrain_study::explain::{needs, Stack};
     let m = presets::model("gpt-175b").unwrap();
     let c = presets::cluster("frontier").unwrap();
-    let point = |config: ParallelConfig| exatrain_study::Point {
-        global_batch: config.global_batch,
-        plan: exatrain_cost::plan(&m, &c, &config).unwrap(),
-        config,
-    };
+    let point = |config: ParallelConfig| point(&m, &c, config);
     let stack = |f: Framework| Stack {
         framework: Some(f),
         zero: vec![0, 1],
@@ -305,11 +314,7 @@ fn the_accumulation_need_is_priced_at_the_stage_the_stack_would_run() {
     use exatrain_study::explain::{needs, Stack};
     let m = presets::model("gpt-22b").unwrap();
     let c = presets::cluster("frontier").unwrap();
-    let point = |config: ParallelConfig| exatrain_study::Point {
-        global_batch: config.global_batch,
-        plan: exatrain_cost::plan(&m, &c, &config).unwrap(),
-        config,
-    };
+    let point = |config: ParallelConfig| point(&m, &c, config);
     let ds = |zero: Vec<u8>| Stack {
         framework: Some(Framework::MegatronDeepspeed),
         zero,
