@@ -106,6 +106,8 @@ fn csv_runs(
             time_s: Default::default(),
             step_s: Some(step),
             framework: Some(c.framework),
+            // the row's softmax, async_tp, bias_fusion and overlap_pp, as validate prices it
+            switches: exatrain_spec::StackSwitches::of(&c.cluster.stack),
         });
     }
     if out.is_empty() {

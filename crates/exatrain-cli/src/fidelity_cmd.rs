@@ -55,8 +55,9 @@ pub fn run(a: FidelityArgs) -> Result<(), SpecError> {
             ))
         })?;
         let (run, log) = crate::framework_logs::measured(f, None)?;
-        // priced as the framework that wrote the log runs it, as `calibrate --fit` fits it
-        let cluster = &cluster.for_framework_opt(run.framework);
+        // priced as the framework that wrote the log runs it, with the switches its arguments
+        // print, as `calibrate --fit` fits it
+        let cluster = &run.cluster_as_run(cluster);
         let p = exatrain_cost::plan(&run.model, cluster, &run.layout)
             .map_err(|e| SpecError::new(format!("log {}: {e}", run.name)))?;
         runs.push((

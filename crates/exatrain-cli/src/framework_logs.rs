@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use exatrain_cost::fit::Measured;
-use exatrain_spec::{Dtype, ModelFile, ModelSpec, ParallelConfig, Recompute, SpecError};
+use exatrain_spec::{Dtype, ModelFile, ModelSpec, ParallelConfig, Recompute, SpecError, StackSwitches};
 use exatrain_tune::logs::{self, arg_bool, arg_f64, arg_u32, FrameworkLog, LogFormat};
 
 /// Logged iterations skipped at the start (compilation, allocator and data-loader warm-up).
@@ -88,8 +88,15 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
     let tp = need("tensor_model_parallel_size")?;
     let pp = need("pipeline_model_parallel_size")?;
     let world = need("world_size")?;
+    let megatron_fsdp = arg_bool(log, "use_megatron_fsdp") == Some(true);
     let zero = match (arg_u32(log, "zero_stage"), arg_bool(log, "use_distributed_optimizer")) {
         (Some(z), _) if arg_bool(log, "deepspeed") == Some(true) => z.min(3) as u8,
+        // Megatron-FSDP: what its sharding strategy shards (`exatrain export` writes it)
+        _ if megatron_fsdp => match log.args.get("data_parallel_sharding_strategy").map(String::as_str) {
+            Some("optim_grads") => 2,
+            Some("optim_grads_params") => 3,
+            _ => 1,
+        },
         (_, Some(true)) => 1,
         _ => 0,
     };
@@ -112,6 +119,13 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         },
         // Megatron prints its FP8 format (`hybrid`, `e4m3`) or `None`
         fp8: arg_bool(log, "bf16") == Some(true) && log.args.get("fp8").is_some_and(|f| f != "None"),
+        // the overlaps are off unless asked for (Megatron-LM's defaults; code older than
+        // `--overlap-grad-reduce` reduced after backward, and does not print it)
+        overlap_dp: arg_bool(log, "overlap_grad_reduce") == Some(true),
+        overlap_tp: arg_bool(log, "tp_comm_overlap") == Some(true),
+        // Megatron prints `None` when the stages are split evenly
+        first_stage_layers: arg_u32(log, "decoder_first_pipeline_num_layers"),
+        last_stage_layers: arg_u32(log, "decoder_last_pipeline_num_layers"),
         ..ParallelConfig::new(
             tp,
             pp,
@@ -123,8 +137,42 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
     Ok((model, cfg))
 }
 
+/// The stack switches a Megatron argument dump prints (Megatron-LM's and Megatron-DeepSpeed's):
+/// `masked_softmax_fusion`, the bias fusions (`bias_gelu_fusion` or, since 2023,
+/// `bias_activation_fusion`, and `bias_dropout_fusion`: off if either is) and
+/// `overlap_p2p_comm`; one the dump does not print stays the cluster's.
+fn switches_from_args(log: &FrameworkLog) -> StackSwitches {
+    let activation = arg_bool(log, "bias_activation_fusion").or(arg_bool(log, "bias_gelu_fusion"));
+    let bias_fusion = match (activation, arg_bool(log, "bias_dropout_fusion")) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (None, None) => None,
+        _ => Some(true),
+    };
+    StackSwitches {
+        fused_softmax: arg_bool(log, "masked_softmax_fusion"),
+        async_tp: None,
+        bias_fusion,
+        overlap_p2p: arg_bool(log, "overlap_p2p_comm"),
+    }
+}
+
 /// The fields of the argument dump that must equal the run file's.
 fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfig) -> Result<(), SpecError> {
+    // as `exatrain export` passes them: only where the group they act on has more than one rank
+    for (arg, want) in [
+        ("overlap_grad_reduce", c.overlap_dp && c.dp > 1),
+        ("tp_comm_overlap", c.overlap_tp && c.tp > 1),
+        ("sequence_parallel", c.sequence_parallel && c.tp > 1),
+    ] {
+        if let Some(got) = arg_bool(log, arg) {
+            if got != want {
+                return Err(SpecError::new(format!(
+                    "log {name}: ran with {arg} = {}, but its run file says {want}: the log is not of the layout it is filed with",
+                    if got { "True" } else { "False" }
+                )));
+            }
+        }
+    }
     for (arg, want) in [
         ("tensor_model_parallel_size", c.tp),
         ("pipeline_model_parallel_size", c.pp),
@@ -203,6 +251,11 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             layout,
             time_s: Default::default(),
             step_s: Some(step),
+            switches: if log.format == LogFormat::Torchtitan {
+                StackSwitches::default()
+            } else {
+                switches_from_args(&log)
+            },
             framework: Some(match log.format {
                 exatrain_tune::logs::LogFormat::MegatronLm => exatrain_spec::Framework::MegatronLm,
                 exatrain_tune::logs::LogFormat::MegatronDeepspeed => exatrain_spec::Framework::MegatronDeepspeed,

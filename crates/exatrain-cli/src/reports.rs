@@ -135,5 +135,6 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
         time_s,
         step_s: None,
         framework: None,
+        switches: Default::default(),
     })
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use exatrain_cost::{flops, plan};
-use exatrain_spec::{load, Framework, ModelFile, ParallelConfig, Recompute, SpecError};
+use exatrain_spec::{load, Framework, ModelFile, ParallelConfig, Recompute, SpecError, StackSwitches};
 use exatrain_tune::median;
 use serde::{Deserialize, Serialize};
 
@@ -276,19 +276,23 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         ))
     })?;
     let mut cluster = field(load::cluster(&run.cluster), &run.name)?.for_framework(framework);
-    cluster.stack.fused_softmax = match run.softmax.as_str() {
-        "fused" => true,
-        "unfused" => false,
-        other => {
-            return Err(SpecError::new(format!(
-                "run {}: softmax `{other}` is not known (allowed: fused, unfused)",
-                run.name
-            )))
-        }
-    };
-    cluster.stack.async_tp = yes_no(&run.async_tp, "async_tp", &run.name)?;
-    cluster.stack.bias_fusion = yes_no(&run.bias_fusion, "bias_fusion", &run.name)?;
-    cluster.stack.overlap_p2p = yes_no(&run.overlap_pp, "overlap_pp", &run.name)?;
+    // what the run's code did, over the cluster's stack (`calibrate --fit-runs` prices it so too)
+    StackSwitches {
+        fused_softmax: Some(match run.softmax.as_str() {
+            "fused" => true,
+            "unfused" => false,
+            other => {
+                return Err(SpecError::new(format!(
+                    "run {}: softmax `{other}` is not known (allowed: fused, unfused)",
+                    run.name
+                )))
+            }
+        }),
+        async_tp: Some(yes_no(&run.async_tp, "async_tp", &run.name)?),
+        bias_fusion: Some(yes_no(&run.bias_fusion, "bias_fusion", &run.name)?),
+        overlap_p2p: Some(yes_no(&run.overlap_pp, "overlap_pp", &run.name)?),
+    }
+    .apply(&mut cluster.stack);
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;
     let virtual_stages = match run.interleave.as_str() {
         "-" | "" => 1,

@@ -71,10 +71,16 @@ const DEEPSPEED_LAYOUT: [&str; 12] = [
 ];
 
 fn megatron_log(dir: &Path) -> PathBuf {
+    megatron_log_with(dir, "megatron", &[])
+}
+
+/// [`megatron_log`] whose argument dump also prints `extra`, written as `<stem>.log`; its step
+/// times stay SLOW × the plan of [`MEGATRON_LAYOUT`] with Megatron's DP overlap.
+fn megatron_log_with(dir: &Path, stem: &str, extra: &[(&str, &str)]) -> PathBuf {
     // Megatron-LM with its argument dump (no run file): llama2-7b, tp 2 × pp 2 × dp 4
     let t = SLOW * step("dgx-h100", "megatron-lm", "llama2-7b", &MEGATRON_LAYOUT);
     let mut s = String::from("------------------------ arguments ------------------------\n");
-    for (k, v) in [
+    let dump = [
         ("add_bias_linear", "False"),
         ("bf16", "True"),
         ("ffn_hidden_size", "11008"),
@@ -94,7 +100,10 @@ fn megatron_log(dir: &Path) -> PathBuf {
         ("untie_embeddings_and_output_weights", "True"),
         ("use_distributed_optimizer", "True"),
         ("world_size", "16"),
-    ] {
+        ("overlap_grad_reduce", "True"),
+    ];
+    // a later line for the same argument replaces the earlier one, as the parser keeps the last
+    for (k, v) in dump.iter().chain(extra) {
         s.push_str(&format!("  {k} {} {v}\n", ".".repeat(48 - k.len())));
     }
     s.push_str("-------------------- end of arguments ---------------------\n");
@@ -111,7 +120,7 @@ fn megatron_log(dir: &Path) -> PathBuf {
             64 * i
         ));
     }
-    let p = dir.join("megatron.log");
+    let p = dir.join(format!("{stem}.log"));
     std::fs::write(&p, s).unwrap();
     p
 }
@@ -302,6 +311,74 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     assert!(f > 1.3 * b && f < 2.0 * b, "fitted {f} days vs preset {b} days");
 }
 
+/// A Megatron log is priced with what its argument dump says it ran: no
+/// `--overlap-grad-reduce` exposes the DP reduction, `masked_softmax_fusion False` the unfused
+/// softmax chain (the log's layout has no flash attention), and both `fidelity` and
+/// `calibrate --fit` read them.
+#[test]
+fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
+    let d = tmp("switches");
+    megatron_log_with(&d, "plain", &[]);
+    megatron_log_with(&d, "no-overlap", &[("overlap_grad_reduce", "False")]);
+    megatron_log_with(
+        &d,
+        "unfused",
+        &[("masked_softmax_fusion", "False"), ("bias_dropout_fusion", "True")],
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
+        "fidelity",
+        "--runs",
+        d.to_str().unwrap(),
+        "--cluster",
+        "dgx-h100",
+        "--json",
+    ])))
+    .unwrap();
+    let step_error = |run: &str| -> f64 {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run"] == run && r["term"] == "time.step")
+            .and_then(|r| r["rel_error"].as_f64())
+            .unwrap_or_else(|| panic!("no step row for {run}: {v}"))
+    };
+    // every log took SLOW × the overlapped plan
+    let measured = SLOW * step("dgx-h100", "megatron-lm", "llama2-7b", &MEGATRON_LAYOUT);
+    assert!((step_error("plain") - (1.0 / SLOW - 1.0)).abs() < 2e-3, "{v}");
+    let mut exposed = MEGATRON_LAYOUT.to_vec();
+    exposed.push("--no-overlap-dp");
+    let want = step("dgx-h100", "megatron-lm", "llama2-7b", &exposed) / measured - 1.0;
+    assert!(want > 1.0 / SLOW - 1.0 + 1e-3, "the reduction is exposed: {want}");
+    assert!(
+        (step_error("no-overlap") - want).abs() < 2e-3,
+        "{} vs {want}",
+        step_error("no-overlap")
+    );
+    assert!(
+        step_error("unfused") > 1.0 / SLOW - 1.0 + 0.01,
+        "the unfused softmax is priced: {}",
+        step_error("unfused")
+    );
+    // calibrate --fit reads them too: fitted to the three, each prediction stays its own
+    let fitted = d.join("fitted.toml");
+    let logs: Vec<PathBuf> = ["plain", "no-overlap", "unfused"]
+        .iter()
+        .map(|n| d.join(format!("{n}.log")))
+        .collect();
+    let mut args = vec![
+        "calibrate",
+        "--cluster",
+        "dgx-h100",
+        "--out",
+        fitted.to_str().unwrap(),
+        "--fit",
+    ];
+    args.extend(logs.iter().map(|p| p.to_str().unwrap()));
+    let text = ok(exatrain(&args));
+    assert!(text.contains("fitted 3 runs"), "{text}");
+}
+
 #[test]
 fn bad_logs_get_one_clear_line() {
     let d = tmp("bad");
@@ -316,10 +393,17 @@ fn bad_logs_get_one_clear_line() {
         "llama2-7b",
         &["--gpus", "16", "--tp", "4", "--pp", "1", "--global-batch", "64"],
     );
+    // a log that ran without the DP overlap its run file plans
+    let unoverlapped = megatron_log_with(&d, "unoverlapped", &[("overlap_grad_reduce", "False")]);
+    with_run_file(&d, "unoverlapped", "llama2-7b", &MEGATRON_LAYOUT);
     for (file, want) in [
         (d.join("noise.log"), "no iteration lines of a known format"),
         (titan, "a torchtitan log names no layout"),
         (meg, "ran with tensor_model_parallel_size = 2, but its run file says 4"),
+        (
+            unoverlapped,
+            "ran with overlap_grad_reduce = False, but its run file says true",
+        ),
     ] {
         let out = exatrain(&[
             "calibrate",
@@ -481,14 +565,27 @@ fn published_runs_fit_the_cluster_they_ran_on() {
     // the spec it writes predicts that run.
     let text = std::fs::read_to_string(&csv).unwrap();
     let header = text.lines().find(|l| l.starts_with("name,")).unwrap();
-    let row = text.lines().find(|l| l.starts_with("k22-22b-full,")).unwrap();
-    let one = d.join("one.csv");
+    for (name, cluster) in [("k22-22b-full", "selene"), ("shoeybi19-1.2b-1gpu", "dgx-2h")] {
+        one_shot(
+            &d,
+            header,
+            text.lines().find(|l| l.starts_with(&format!("{name},"))).unwrap(),
+            cluster,
+        );
+    }
+}
+
+/// A spec fitted to one CSV row (`calibrate --fit-runs`) predicts that row as `validate` prices
+/// it: with the row's own stack switches (Shoeybi 2019's unfused softmax and biases, no async
+/// TP), not the cluster's.
+fn one_shot(d: &Path, header: &str, row: &str, cluster: &str) {
+    let one = d.join(format!("one-{cluster}.csv"));
     std::fs::write(&one, format!("{header}\n{row}\n")).unwrap();
-    let spec = d.join("one-shot.toml");
+    let spec = d.join(format!("one-shot-{cluster}.toml"));
     let said = ok(exatrain(&[
         "calibrate",
         "--cluster",
-        "selene",
+        cluster,
         "--fit-runs",
         one.to_str().unwrap(),
         "--out",
@@ -501,12 +598,12 @@ fn published_runs_fit_the_cluster_they_ran_on() {
             serde_json::from_str(&ok(exatrain(&["validate", "--runs", csv.to_str().unwrap(), "--json"]))).unwrap();
         v["runs"][0]["rel_error"].as_f64().unwrap().abs()
     };
-    let on_fit = d.join("on-fit.csv");
+    let on_fit = d.join(format!("on-fit-{cluster}.csv"));
     std::fs::write(
         &on_fit,
         format!(
             "{header}\n{}\n",
-            row.replace(",selene,", &format!(",{},", spec.display()))
+            row.replace(&format!(",{cluster},"), &format!(",{},", spec.display()))
         ),
     )
     .unwrap();

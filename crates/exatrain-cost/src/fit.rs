@@ -12,7 +12,7 @@
 //! nonlinearity of the model (rooflines, ring-vs-tree choice, overlap) is respected. A factor no
 //! measured term depends on keeps its value and is reported as not fitted. Pure: no IO.
 
-use exatrain_spec::{ClusterSpec, Framework, ModelSpec, ParallelConfig, SpecError};
+use exatrain_spec::{ClusterSpec, Framework, ModelSpec, ParallelConfig, SpecError, StackSwitches};
 use serde::Serialize;
 
 use crate::{plan, Times};
@@ -32,6 +32,19 @@ pub struct Measured {
     /// (`ClusterSpec::for_framework`), so one fit serves runs of several frameworks. None: the
     /// cluster's own stack (exatrain's trainer reports).
     pub framework: Option<Framework>,
+    /// The stack switches the run's code set (a published run's CSV row, a Megatron-LM log's
+    /// arguments), applied over the cluster's before predicting; default: the cluster's.
+    pub switches: StackSwitches,
+}
+
+impl Measured {
+    /// `c` as this run's code ran on it: carried to its framework
+    /// ([`ClusterSpec::for_framework`]), with the stack switches the run names.
+    pub fn cluster_as_run(&self, c: &ClusterSpec) -> ClusterSpec {
+        let mut own = c.for_framework_opt(self.framework);
+        self.switches.apply(&mut own.stack);
+        own
+    }
 }
 
 /// A multiplier on part of a cluster spec.
@@ -114,12 +127,13 @@ fn measured(run: &Measured) -> [f64; 5] {
 
 fn predict(c: &ClusterSpec, run: &Measured) -> Result<[f64; 5], SpecError> {
     let carried;
-    let c = match run.framework {
-        Some(f) if c.stack.framework.is_some_and(|g| g != f) => {
-            carried = c.for_framework(f);
-            &carried
-        }
-        _ => c,
+    let c = if run.framework.is_some_and(|f| c.stack.framework.is_some_and(|g| g != f))
+        || run.switches != StackSwitches::default()
+    {
+        carried = run.cluster_as_run(c);
+        &carried
+    } else {
+        c
     };
     plan(&run.model, c, &run.layout)
         .map(|p| {

@@ -229,6 +229,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 time_s,
                 step_s: None,
                 framework: None,
+                switches: Default::default(),
             }
         })
         .collect();
@@ -266,6 +267,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 layout: l,
                 step_s: None,
                 framework: None,
+                switches: Default::default(),
             }
         })
         .collect();
@@ -297,6 +299,7 @@ fn one_or_two_step_times_fit_the_compute_factor_alone() {
         time_s: Default::default(),
         step_s: Some(plan(&model, &truth, &l).unwrap().step_time_s),
         framework: None,
+        switches: Default::default(),
     };
     let one = [run(ParallelConfig::new(8, 1, 2, 1, 64))];
     let two = [one[0].clone(), run(ParallelConfig::new(2, 4, 2, 1, 64))];
@@ -348,6 +351,7 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
             time_s: Default::default(),
             step_s: Some(step),
             framework: None,
+            switches: Default::default(),
         }
     })
     .collect();
@@ -394,6 +398,7 @@ fn a_fit_carries_each_run_to_its_framework() {
                 time_s: Default::default(),
                 step_s: Some(step),
                 framework: Some(fw),
+                switches: Default::default(),
             }
         })
         .collect();

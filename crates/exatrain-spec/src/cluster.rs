@@ -285,6 +285,42 @@ impl StackSpec {
     }
 }
 
+/// What one run's code did where it may differ from its cluster's stack: the stack's on/off
+/// switches, each `None` where the run does not say (the cluster's setting stays). A published
+/// run's CSV row names all four; a Megatron-LM log's argument dump names what it printed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackSwitches {
+    pub fused_softmax: Option<bool>,
+    pub async_tp: Option<bool>,
+    pub bias_fusion: Option<bool>,
+    pub overlap_p2p: Option<bool>,
+}
+
+impl StackSwitches {
+    /// Every switch of `s`, as it is.
+    pub fn of(s: &StackSpec) -> Self {
+        StackSwitches {
+            fused_softmax: Some(s.fused_softmax),
+            async_tp: Some(s.async_tp),
+            bias_fusion: Some(s.bias_fusion),
+            overlap_p2p: Some(s.overlap_p2p),
+        }
+    }
+
+    /// Set the switches this run names on `s`.
+    pub fn apply(&self, s: &mut StackSpec) {
+        let set = |field: &mut bool, v: Option<bool>| {
+            if let Some(v) = v {
+                *field = v;
+            }
+        };
+        set(&mut s.fused_softmax, self.fused_softmax);
+        set(&mut s.async_tp, self.async_tp);
+        set(&mut s.bias_fusion, self.bias_fusion);
+        set(&mut s.overlap_p2p, self.overlap_p2p);
+    }
+}
+
 fn one() -> f64 {
     1.0
 }

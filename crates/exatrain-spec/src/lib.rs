@@ -18,7 +18,7 @@ pub mod presets;
 
 pub use cluster::{
     ClusterSpec, DeviceSpec, GemmCorrection, GemmEfficiency, GemmMeasure, LaunchSpec, LinkClass, NetworkSpec, NodeSpec,
-    StackSpec, SystemSpec, GEMM_TABLE_MAX,
+    StackSpec, StackSwitches, SystemSpec, GEMM_TABLE_MAX,
 };
 pub use error::{Invalid, SpecError};
 pub use framework::{DpReduction, Framework, SelectiveRecompute};
