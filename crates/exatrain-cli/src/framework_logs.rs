@@ -88,15 +88,18 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
     let tp = need("tensor_model_parallel_size")?;
     let pp = need("pipeline_model_parallel_size")?;
     let world = need("world_size")?;
-    let megatron_fsdp = arg_bool(log, "use_megatron_fsdp") == Some(true);
+    // Megatron-FSDP: what its sharding strategy shards (`exatrain export` writes it; its
+    // default, `no_shard`, is plain data parallelism)
+    let fsdp = match log.args.get("data_parallel_sharding_strategy").map(String::as_str) {
+        _ if arg_bool(log, "use_megatron_fsdp") != Some(true) => None,
+        Some("optim") => Some(1),
+        Some("optim_grads") => Some(2),
+        Some("optim_grads_params") => Some(3),
+        _ => None,
+    };
     let zero = match (arg_u32(log, "zero_stage"), arg_bool(log, "use_distributed_optimizer")) {
         (Some(z), _) if arg_bool(log, "deepspeed") == Some(true) => z.min(3) as u8,
-        // Megatron-FSDP: what its sharding strategy shards (`exatrain export` writes it)
-        _ if megatron_fsdp => match log.args.get("data_parallel_sharding_strategy").map(String::as_str) {
-            Some("optim_grads") => 2,
-            Some("optim_grads_params") => 3,
-            _ => 1,
-        },
+        _ if fsdp.is_some() => fsdp.unwrap_or(0),
         (_, Some(true)) => 1,
         _ => 0,
     };

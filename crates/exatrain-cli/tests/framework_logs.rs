@@ -325,6 +325,14 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         "unfused",
         &[("masked_softmax_fusion", "False"), ("bias_dropout_fusion", "True")],
     );
+    megatron_log_with(
+        &d,
+        "fsdp",
+        &[
+            ("use_megatron_fsdp", "True"),
+            ("data_parallel_sharding_strategy", "optim_grads_params"),
+        ],
+    );
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
         "fidelity",
         "--runs",
@@ -334,6 +342,15 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         "--json",
     ])))
     .unwrap();
+    let layout = |run: &str| -> String {
+        let r = v["runs"].as_array().unwrap().iter().find(|r| r["run"] == run);
+        r.map_or(String::new(), |r| r["layout"].as_str().unwrap_or_default().to_string())
+    };
+    assert!(layout("plain").contains("zero 1"), "{v}");
+    assert!(
+        layout("fsdp").contains("zero 3"),
+        "Megatron-FSDP's optim_grads_params: {v}"
+    );
     let step_error = |run: &str| -> f64 {
         v["rows"]
             .as_array()
@@ -362,7 +379,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     );
     // calibrate --fit reads them too: fitted to the three, each prediction stays its own
     let fitted = d.join("fitted.toml");
-    let logs: Vec<PathBuf> = ["plain", "no-overlap", "unfused"]
+    let logs: Vec<PathBuf> = ["plain", "no-overlap", "unfused", "fsdp"]
         .iter()
         .map(|n| d.join(format!("{n}.log")))
         .collect();
@@ -376,7 +393,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     ];
     args.extend(logs.iter().map(|p| p.to_str().unwrap()));
     let text = ok(exatrain(&args));
-    assert!(text.contains("fitted 3 runs"), "{text}");
+    assert!(text.contains("fitted 4 runs"), "{text}");
 }
 
 #[test]
