@@ -34,6 +34,8 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
         "bigscience2022",
         "shoeybi2019",
         "smith2022",
+        "nemo-h100-fp8",
+        "megatron-bridge-h100-fp8",
     ] {
         assert!(names.contains(&s), "{s} missing from {names:?}");
     }
