@@ -12,7 +12,8 @@ line and environment each rank would get. That command line then goes through:
                       DeepSpeed's own DeepSpeedConfig on the exported ds_config.json;
   torchtitan          the exported recipe imported and built by torchtitan (its Llama 3 config
                       function), the degrees checked by torchtitan's ParallelDims for the world
-                      size, and the batch arithmetic;
+                      size, the batch arithmetic, and bf16 eager linears as planned (no float8
+                      converter, no torch.compile: the registered 405B config has both);
   slurm               Slurm's `sbatch` and `srun` option parsing (a scratch slurm.conf with no
                       controller: "Unable to contact slurm controller" means every option
                       parsed), then Megatron-LM's parser on what srun would run.
@@ -23,8 +24,12 @@ Setup (not in CI: it downloads torch):
   python3.12 -m venv /tmp/fw && /tmp/fw/bin/pip install torch einops numpy packaging pyyaml
   DS_BUILD_OPS=0 /tmp/fw/bin/pip install --no-build-isolation deepspeed
   git clone https://github.com/NVIDIA/Megatron-LM; git clone https://github.com/deepspeedai/Megatron-DeepSpeed
+  git clone https://github.com/pytorch/torchtitan                       # for the torchtitan rows:
+  /tmp/fw/bin/pip install spmd_types==0.2.3 grain==0.2.18 torch_checkpointing "datasets<4.8" \
+      tokenizers safetensors tyro tensorboard pillow torchao            # its dependencies
   apt-get install slurm-client        # for the slurm rows (optional)
-  /tmp/fw/bin/python scripts/check-exports.py --megatron-lm Megatron-LM --megatron-deepspeed Megatron-DeepSpeed
+  /tmp/fw/bin/python scripts/check-exports.py --megatron-lm Megatron-LM --megatron-deepspeed Megatron-DeepSpeed \
+      --torchtitan torchtitan
 """
 
 import argparse
@@ -52,6 +57,7 @@ LAYOUTS = [
     ("llama3-8b tp1 zero3", "llama3-8b", "dgx-h100", "--gpus 64 --tp 1 --pp 1 --dp 64 --global-batch 256 --zero 3 --flash-attention"),
     ("llama3-8b tp2 pp2 interleaved", "llama3-8b", "dgx-h100", "--gpus 16 --tp 2 --pp 2 --dp 4 --global-batch 64 --flash-attention --sequence-parallel --virtual-stages 2"),
     ("llama3-70b tp8 pp2 zero0", "llama3-70b", "perlmutter", "--gpus 256 --tp 4 --pp 4 --dp 16 --global-batch 512 --flash-attention --sequence-parallel --zero 0"),
+    ("llama3-405b tp8 pp14 zero3", "llama3-405b", "dgx-h100", "--gpus 1792 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 3 --recompute full"),
     ("llama3-405b tp8 pp14", "llama3-405b", "dgx-h100", "--gpus 1792 --tp 8 --pp 14 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
     ("llama3-70b 36 gpus", "llama3-70b", "dgx-h100", "--gpus 40 --tp 4 --pp 2 --dp 5 --global-batch 80 --flash-attention --sequence-parallel"),
     ("gpt-175b lumi", "gpt-175b", "lumi", "--gpus 1024 --tp 8 --pp 16 --dp 8 --global-batch 1024 --zero 1 --flash-attention"),
@@ -128,9 +134,18 @@ TORCHTITAN = r"""
 import json, os, sys
 rec = json.load(open(sys.argv[1])); world = int(sys.argv[2])
 sys.path.insert(0, os.getcwd())
+# the device taken as Hopper, as for Megatron-LM: the registered 405B config builds float8 linears
+# at config time (the recipe then replaces them), which torchao allows only from SM89 on
+import torchtitan.tools.utils
+torchtitan.tools.utils.has_cuda_capability = lambda major, minor: (9, 0) >= (major, minor)
+import torchtitan.components.quantization.float8 as tt_float8
+tt_float8.has_cuda_capability = torchtitan.tools.utils.has_cuda_capability
 import exatrain_recipe
 from torchtitan.distributed.parallel_dims import ParallelDims
 c = exatrain_recipe.exatrain_run()
+# the plan prices bf16 linear layers in eager mode: no float8 converter, no torch.compile
+assert not c.compile.enable, "torch.compile is on"
+assert "Float8" not in repr(c.model_spec.model), "float8 linears"
 p, t = c.parallelism, c.training
 dims = ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                     cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,

@@ -7,17 +7,17 @@ use exatrain_spec::{Framework, ModelSpec, ParallelConfig, Recompute};
 
 use super::{File, Job};
 
-/// torchtitan's registered Llama 3 flavors: (layers, hidden, heads, kv heads, ffn, vocab) and the
-/// configuration function that builds it.
-const FLAVORS: [((u32, u32, u32, u32, u32, u32), &str); 3] = [
-    ((32, 4096, 32, 8, 14336, 128256), "llama3_8b"),
-    ((80, 8192, 64, 8, 28672, 128256), "llama3_70b"),
-    ((126, 16384, 128, 8, 53248, 128256), "llama3_405b"),
+/// torchtitan's registered Llama 3 flavors: (layers, hidden, heads, kv heads, ffn, vocab), the
+/// configuration function that builds it and its `model_registry` flavor.
+const FLAVORS: [((u32, u32, u32, u32, u32, u32), &str, &str); 3] = [
+    ((32, 4096, 32, 8, 14336, 128256), "llama3_8b", "8B"),
+    ((80, 8192, 64, 8, 28672, 128256), "llama3_70b", "70B"),
+    ((126, 16384, 128, 8, 53248, 128256), "llama3_405b", "405B"),
 ];
 
 pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
     let dims = (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab);
-    let base = FLAVORS.iter().find(|(d, _)| *d == dims).map(|(_, f)| *f).ok_or_else(|| {
+    let (base, flavor) = FLAVORS.iter().find(|(d, _, _)| *d == dims).map(|(_, f, v)| (*f, *v)).ok_or_else(|| {
         format!(
             "torchtitan builds only its registered Llama 3 flavors (8B, 70B, 405B); {} ({} layers × {}, {} heads) is none of them",
             m.name, m.layers, m.hidden, m.heads
@@ -35,10 +35,16 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
          # {base}() and sets the planned layout. Run with\n\
          #   torchrun ... -m torchtitan.train --module exatrain_recipe --config exatrain_run\n\
          import os\n\n\
+         from torchtitan.config import CompileConfig\n\
          from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC\n\
+         from torchtitan.models.llama3 import model_registry\n\
          from torchtitan.models.llama3.config_registry import {base}\n\n\n\
          def exatrain_run():\n\
          \x20   config = {base}()\n\
+         \x20   # bf16 linear layers in eager mode, as planned ({base}() may convert them to float8\n\
+         \x20   # and compile the model, which the plan does not price)\n\
+         \x20   config.model_spec = model_registry(\"{flavor}\")\n\
+         \x20   config.compile = CompileConfig()\n\
          \x20   p = config.parallelism\n\
          \x20   p.tensor_parallel_degree = {tp}\n\
          \x20   p.enable_sequence_parallel = {sp}\n\
