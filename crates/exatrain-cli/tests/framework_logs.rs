@@ -207,21 +207,26 @@ fn format_thousands(n: u64) -> String {
     out
 }
 
-#[test]
-fn three_short_runs_fit_a_cluster_that_projects_the_training() {
-    let d = tmp("fit");
-    let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
-    let fitted = d.join("fitted.toml");
+/// `calibrate --cluster dgx-h100 --fit LOGS --out OUT`, its output.
+fn fit_logs(logs: &[PathBuf], out: &Path) -> String {
     let mut args = vec![
         "calibrate",
         "--cluster",
         "dgx-h100",
         "--out",
-        fitted.to_str().unwrap(),
+        out.to_str().unwrap(),
         "--fit",
     ];
     args.extend(logs.iter().map(|p| p.to_str().unwrap()));
-    let text = ok(exatrain(&args));
+    ok(exatrain(&args))
+}
+
+#[test]
+fn three_short_runs_fit_a_cluster_that_projects_the_training() {
+    let d = tmp("fit");
+    let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
+    let fitted = d.join("fitted.toml");
+    let text = fit_logs(&logs, &fitted);
     assert!(
         text.contains("MegatronLm log") && text.contains("Torchtitan log"),
         "{text}"
@@ -377,22 +382,12 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         "the unfused softmax is priced: {}",
         step_error("unfused")
     );
-    // calibrate --fit reads them too: fitted to the three, each prediction stays its own
-    let fitted = d.join("fitted.toml");
+    // calibrate --fit reads the same four logs
     let logs: Vec<PathBuf> = ["plain", "no-overlap", "unfused", "fsdp"]
         .iter()
         .map(|n| d.join(format!("{n}.log")))
         .collect();
-    let mut args = vec![
-        "calibrate",
-        "--cluster",
-        "dgx-h100",
-        "--out",
-        fitted.to_str().unwrap(),
-        "--fit",
-    ];
-    args.extend(logs.iter().map(|p| p.to_str().unwrap()));
-    let text = ok(exatrain(&args));
+    let text = fit_logs(&logs, &d.join("fitted.toml"));
     assert!(text.contains("fitted 4 runs"), "{text}");
 }
 
