@@ -122,9 +122,10 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         },
         // Megatron prints its FP8 format (`hybrid`, `e4m3`) or `None`
         fp8: arg_bool(log, "bf16") == Some(true) && log.args.get("fp8").is_some_and(|f| f != "None"),
-        // the overlaps are off unless asked for (Megatron-LM's defaults; code older than
-        // `--overlap-grad-reduce` reduced after backward, and does not print it)
-        overlap_dp: arg_bool(log, "overlap_grad_reduce") == Some(true),
+        // Megatron-LM's DP overlap is off unless asked for (its default; code older than
+        // `--overlap-grad-reduce` reduced after backward, and does not print it); DeepSpeed's
+        // is its own config's (ZeRO ≤ 1 never overlaps: `Framework::dp_reduction`)
+        overlap_dp: log.format != LogFormat::MegatronLm || arg_bool(log, "overlap_grad_reduce") == Some(true),
         overlap_tp: arg_bool(log, "tp_comm_overlap") == Some(true),
         // Megatron prints `None` when the stages are split evenly
         first_stage_layers: arg_u32(log, "decoder_first_pipeline_num_layers"),
@@ -143,7 +144,9 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
 /// The stack switches a Megatron argument dump prints (Megatron-LM's and Megatron-DeepSpeed's):
 /// `masked_softmax_fusion`, the bias fusions (`bias_gelu_fusion` or, since 2023,
 /// `bias_activation_fusion`, and `bias_dropout_fusion`: off if either is) and
-/// `overlap_p2p_comm`; one the dump does not print stays the cluster's.
+/// `overlap_p2p_comm`; one the dump does not print stays the cluster's. And Megatron-LM's
+/// `grad_reduce_in_bf16`, off unless printed on (its default: fp32 gradient buffers and
+/// reductions, as every Megatron-LM before the flag ran bf16).
 fn switches_from_args(log: &FrameworkLog) -> StackSwitches {
     let activation = arg_bool(log, "bias_activation_fusion").or(arg_bool(log, "bias_gelu_fusion"));
     let bias_fusion = match (activation, arg_bool(log, "bias_dropout_fusion")) {
@@ -156,6 +159,8 @@ fn switches_from_args(log: &FrameworkLog) -> StackSwitches {
         async_tp: None,
         bias_fusion,
         overlap_p2p: arg_bool(log, "overlap_p2p_comm"),
+        grad_reduce_bf16: (log.format == LogFormat::MegatronLm)
+            .then(|| arg_bool(log, "grad_reduce_in_bf16") == Some(true)),
     }
 }
 

@@ -291,6 +291,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         async_tp: Some(yes_no(&run.async_tp, "async_tp", &run.name)?),
         bias_fusion: Some(yes_no(&run.bias_fusion, "bias_fusion", &run.name)?),
         overlap_p2p: Some(yes_no(&run.overlap_pp, "overlap_pp", &run.name)?),
+        grad_reduce_bf16: None,
     }
     .apply(&mut cluster.stack);
     let recompute: Recompute = field(run.recompute.parse(), &run.name)?;

@@ -101,6 +101,7 @@ fn megatron_log_with(dir: &Path, stem: &str, extra: &[(&str, &str)]) -> PathBuf 
         ("use_distributed_optimizer", "True"),
         ("world_size", "16"),
         ("overlap_grad_reduce", "True"),
+        ("grad_reduce_in_bf16", "True"),
     ];
     // a later line for the same argument replaces the earlier one, as the parser keeps the last
     for (k, v) in dump.iter().chain(extra) {
@@ -327,6 +328,11 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     megatron_log_with(&d, "no-overlap", &[("overlap_grad_reduce", "False")]);
     megatron_log_with(
         &d,
+        "fp32-reduce",
+        &[("overlap_grad_reduce", "False"), ("grad_reduce_in_bf16", "False")],
+    );
+    megatron_log_with(
+        &d,
         "unfused",
         &[("masked_softmax_fusion", "False"), ("bias_dropout_fusion", "True")],
     );
@@ -377,18 +383,25 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         "{} vs {want}",
         step_error("no-overlap")
     );
+    // Megatron-LM's default fp32 reduction moves twice the bytes of the exported bf16 one
+    assert!(
+        step_error("fp32-reduce") > step_error("no-overlap") + 1e-3,
+        "{} vs {}",
+        step_error("fp32-reduce"),
+        step_error("no-overlap")
+    );
     assert!(
         step_error("unfused") > 1.0 / SLOW - 1.0 + 0.01,
         "the unfused softmax is priced: {}",
         step_error("unfused")
     );
-    // calibrate --fit reads the same four logs
-    let logs: Vec<PathBuf> = ["plain", "no-overlap", "unfused", "fsdp"]
+    // calibrate --fit reads the same five logs
+    let logs: Vec<PathBuf> = ["plain", "no-overlap", "fp32-reduce", "unfused", "fsdp"]
         .iter()
         .map(|n| d.join(format!("{n}.log")))
         .collect();
     let text = fit_logs(&logs, &d.join("fitted.toml"));
-    assert!(text.contains("fitted 4 runs"), "{text}");
+    assert!(text.contains("fitted 5 runs"), "{text}");
 }
 
 #[test]

@@ -237,7 +237,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         .stack
         .framework
         .unwrap_or(exatrain_spec::Framework::MegatronLm)
-        .dp_reduction(p);
+        .dp_reduction(p, &c.stack);
     let grad_bytes = params_dev * red.grad_wire_bytes;
     let weight_bytes = params_dev * e;
     let dp_link = group_link(c, dp, p.stride(Dim::Dp));
@@ -355,7 +355,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0;
     // the gradient buffer as the framework keeps it; the trainer (no framework) accumulates
     // into fp32 gradients in both precisions
-    let grad_store = c.stack.framework.map_or(4.0, |f| f.grad_store_bytes(p));
+    let grad_store = c.stack.framework.map_or(4.0, |f| f.grad_store_bytes(p, &c.stack));
     let stage_memory = |params: f64, rank: u32, first: bool, last: bool| {
         let chunks = memory::chunks_in_flight(p, rank);
         let blocks_per_chunk = st.of(rank) as f64 / v;

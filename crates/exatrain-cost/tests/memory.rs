@@ -138,4 +138,22 @@ fn model_state_bytes_by_zero_stage() {
     let one = ParallelConfig::new(8, 1, 1, 1, 64);
     let g = plan(&m, &c, &one).unwrap().memory_bytes.grads;
     assert!(close(g, 4.0 * n / 8.0, 0.01), "{g}");
+    // a Megatron-LM run without the flag (`StackSpec::grad_reduce_bf16` false, as a log's
+    // arguments say): fp32 main_grad, and twice the reduce-scatter bytes on the wire
+    let mut fp32_reduce = c.clone();
+    fp32_reduce.stack.grad_reduce_bf16 = false;
+    let zero1 = ParallelConfig {
+        zero: 1,
+        overlap_dp: false,
+        ..ParallelConfig::new(1, 1, 8, 1, 64)
+    };
+    let (a, b) = (plan(&m, &c, &zero1).unwrap(), plan(&m, &fp32_reduce, &zero1).unwrap());
+    assert!(close(a.memory_bytes.grads, 2.0 * n, 1e-12) && close(b.memory_bytes.grads, 4.0 * n, 1e-12));
+    // reduce-scatter of the gradients and all-gather of the bf16 weights: 2 + 2 → 4 + 2 bytes
+    assert!(
+        close(b.comm_bytes.dp / a.comm_bytes.dp, 1.5, 1e-9),
+        "{:?} {:?}",
+        a.comm_bytes,
+        b.comm_bytes
+    );
 }

@@ -256,6 +256,12 @@ pub struct StackSpec {
     /// false: the code before it (Narayanan 2021's and Korthikanti 2022's interleaved runs).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub overlap_p2p: bool,
+    /// Whether Megatron-LM reduces and keeps the data-parallel gradients in bf16
+    /// (`--grad-reduce-in-bf16`, which exatrain's export passes when dp > 1; see
+    /// [`Framework::dp_reduction`]). false: Megatron-LM's default for bf16, fp32 `main_grad`
+    /// buffers and reductions (a log whose arguments print `grad_reduce_in_bf16 False`).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub grad_reduce_bf16: bool,
 }
 
 impl Default for StackSpec {
@@ -267,6 +273,7 @@ impl Default for StackSpec {
             async_tp: true,
             bias_fusion: true,
             overlap_p2p: true,
+            grad_reduce_bf16: true,
         }
     }
 }
@@ -294,6 +301,7 @@ pub struct StackSwitches {
     pub async_tp: Option<bool>,
     pub bias_fusion: Option<bool>,
     pub overlap_p2p: Option<bool>,
+    pub grad_reduce_bf16: Option<bool>,
 }
 
 impl StackSwitches {
@@ -304,6 +312,7 @@ impl StackSwitches {
             async_tp: Some(s.async_tp),
             bias_fusion: Some(s.bias_fusion),
             overlap_p2p: Some(s.overlap_p2p),
+            grad_reduce_bf16: Some(s.grad_reduce_bf16),
         }
     }
 
@@ -318,6 +327,7 @@ impl StackSwitches {
         set(&mut s.async_tp, self.async_tp);
         set(&mut s.bias_fusion, self.bias_fusion);
         set(&mut s.overlap_p2p, self.overlap_p2p);
+        set(&mut s.grad_reduce_bf16, self.grad_reduce_bf16);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::{Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, SpecError};
+use crate::{Dtype, Mlp, ModelSpec, Norm, ParallelConfig, Position, RankOrder, SpecError, StackSpec};
 
 /// A framework users launch a plan with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -63,12 +63,12 @@ impl Framework {
         }
     }
 
-    /// Why this framework cannot run `c` on `m`, or `Ok` when it can.
     /// How this framework reduces the data-parallel gradients of a layout (and, with ZeRO-1,
     /// gathers the updated weights), as exatrain's export runs it.
     /// - Megatron-LM: bucketed, overlapped with backward when `overlap_dp`
     ///   (`--overlap-grad-reduce`), on the wire in the training dtype (`--grad-reduce-in-bf16`,
-    ///   which the export passes; see [`Dtype::grad_bytes`]).
+    ///   which the export passes; in fp32 where the stack says it was not:
+    ///   `StackSpec::grad_reduce_bf16`).
     /// - torchtitan: FSDP2's hooks overlap as Megatron's buckets do; its gradients reduce in fp32
     ///   (`training.mixed_precision_reduce = "float32"`, its default, which the export keeps).
     /// - Megatron-DeepSpeed in bf16 with ZeRO ≤ 1: DeepSpeed's `BF16_Optimizer` (fp32 gradient
@@ -78,12 +78,16 @@ impl Framework {
     ///   bf16 weights; nothing overlaps compute.
     /// - Megatron-DeepSpeed otherwise: ZeRO-1 reduces at the boundary too; `overlap_comm`
     ///   overlaps ZeRO-2/3's bucket reductions with backward.
-    pub fn dp_reduction(self, c: &ParallelConfig) -> DpReduction {
+    pub fn dp_reduction(self, c: &ParallelConfig, stack: &StackSpec) -> DpReduction {
         let wire = c.dtype.bytes();
         match self {
             Framework::MegatronLm => DpReduction {
                 overlapped: c.overlap_dp,
-                grad_wire_bytes: wire,
+                grad_wire_bytes: if stack.grad_reduce_bf16 {
+                    wire
+                } else {
+                    Dtype::Fp32.bytes()
+                },
                 all_reduce: c.zero == 0,
             },
             Framework::Torchtitan => DpReduction {
@@ -110,13 +114,14 @@ impl Framework {
     ///   holds `main_grad` in the reduction's dtype, and the export passes
     ///   `--grad-reduce-in-bf16` when dp > 1 (NVIDIA's H100 examples do), so a bf16 parameter
     ///   costs 2 + 2 + 12 bytes before sharding; without that flag Megatron-LM accumulates in
-    ///   fp32 (18 bytes, its distributed-optimizer table). Under fp32, 4. (The trainer, no
+    ///   fp32 (18 bytes, its distributed-optimizer table; `StackSpec::grad_reduce_bf16` false).
+    ///   Under fp32, 4. (The trainer, no
     ///   framework, keeps fp32 gradients in both precisions.)
     /// - Megatron-DeepSpeed: fp32 (`BF16_Optimizer` accumulates every microbatch into fp32).
     /// - torchtitan: fp32 (FSDP2's sharded gradients take the fp32 `reduce_dtype`).
-    pub fn grad_store_bytes(self, c: &ParallelConfig) -> f64 {
+    pub fn grad_store_bytes(self, c: &ParallelConfig, stack: &StackSpec) -> f64 {
         match self {
-            Framework::MegatronLm if c.dp > 1 => c.dtype.bytes(),
+            Framework::MegatronLm if c.dp > 1 && stack.grad_reduce_bf16 => c.dtype.bytes(),
             Framework::MegatronLm | Framework::MegatronDeepspeed | Framework::Torchtitan => Dtype::Fp32.bytes(),
         }
     }
