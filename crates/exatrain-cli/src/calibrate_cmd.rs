@@ -34,7 +34,8 @@ pub struct CalibrateArgs {
     /// `<name>.toml` or `run.toml` from `export --format exatrain`, or Megatron's argument dump)
     /// (files or folders; at least 3 trainer reports; one framework log or published run fits the
     /// compute factor alone) by least squares on their measured time terms, and write the result
-    /// to --out (default: over the --cluster file, only once the fit succeeded).
+    /// to --out (default: over the --cluster file, only once the fit succeeded, keeping the spec
+    /// before the first fit as FILE.orig).
     #[arg(long, num_args = 1..)]
     pub fit: Vec<PathBuf>,
     /// Fit the --cluster spec's compute and link-bandwidth factors to the published or measured
@@ -117,6 +118,29 @@ fn csv_runs(
         )));
     }
     Ok(out)
+}
+
+/// When the fit is written over the `--cluster` file itself, copy that file to `<file>.orig`
+/// first, unless a copy is already there (the spec before the first fit). Returns the copy
+/// made.
+fn keep_original(base: &str, out: &std::path::Path) -> Result<Option<PathBuf>, SpecError> {
+    let base = std::path::Path::new(base);
+    let same = match (base.canonicalize(), out.canonicalize()) {
+        (Ok(b), Ok(o)) => b == o,
+        _ => false,
+    };
+    if !same {
+        return Ok(None);
+    }
+    let mut name = base.as_os_str().to_owned();
+    name.push(".orig");
+    let copy = PathBuf::from(name);
+    if copy.exists() {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(base).map_err(|e| SpecError::new(format!("--cluster {}: {e}", base.display())))?;
+    write_atomic(&copy, &bytes)?;
+    Ok(Some(copy))
 }
 
 /// `--fit`: the spec's factors fitted to measured runs, written atomically only on success.
@@ -211,7 +235,13 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
         fit.rms_log_error_after
     );
     let text = toml::to_string(&fit.cluster).map_err(|e| SpecError::new(format!("--out {}: {e}", out.display())))?;
+    // Writing over the spec it started from: the first such spec is kept beside it, so the
+    // measured machine is never lost to a fit (a later fit leaves that copy as it is).
+    let kept_copy = keep_original(base_name, &out)?;
     write_atomic(&out, format!("{header}{text}").as_bytes())?;
+    if let Some(k) = &kept_copy {
+        eprintln!("kept the spec the fit started from as {}", k.display());
+    }
     if a.json {
         println!("{}", serde_json::to_string(&fit).expect("json"));
     } else {

@@ -546,6 +546,17 @@ fn calibrate_fit_from_trainer_reports_writes_only_a_good_fit() {
         text.contains("# Fitted by `exatrain calibrate --fit` to 3 runs"),
         "{text}"
     );
+    // the measured spec it wrote over is kept beside it, and a second fit keeps that first copy
+    let orig = dir.join("local.toml.orig");
+    assert_eq!(std::fs::read(&orig).unwrap(), before, "the spec before the fit is kept");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("local.toml.orig"));
+    let o = fit(&[&reports], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(&orig).unwrap(),
+        before,
+        "a later fit leaves the first copy"
+    );
     let p = json(&[
         "plan",
         "--json",
