@@ -352,7 +352,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
 
     let sp = if p.sequence_parallel { tp as f64 } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };
-    let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0;
+    // the fp32 logits the loss keeps, of one of the framework's loss chunks
+    let loss_chunks = c.stack.framework.map_or(1.0, |f| f.loss_chunks());
+    let logits = tokens * m.padded_vocab as f64 / tp as f64 * 4.0 / loss_chunks;
     // the gradient buffer as the framework keeps it; the trainer (no framework) accumulates
     // into fp32 gradients in both precisions
     let grad_store = c.stack.framework.map_or(4.0, |f| f.grad_store_bytes(p, &c.stack));

@@ -157,3 +157,27 @@ fn model_state_bytes_by_zero_stage() {
         b.comm_bytes
     );
 }
+
+#[test]
+fn torchtitan_keeps_one_loss_chunk_of_logits() {
+    use exatrain_spec::Framework;
+    // torchtitan's ChunkedLossWrapper runs the head and the loss on 1/8 of the tokens at a
+    // time: the last stage keeps 1/8 of the fp32 logits Megatron-LM keeps, nothing else differs
+    let m = presets::model("llama3-8b").unwrap();
+    let cfg = ParallelConfig {
+        zero: 3,
+        flash_attention: true,
+        ..ParallelConfig::new(1, 1, 8, 1, 8)
+    };
+    let act = |fw: Framework| {
+        let c = presets::cluster("dgx-h100").unwrap().for_framework(fw);
+        plan(&m, &c, &cfg).unwrap().memory_bytes.activations
+    };
+    let logits = m.seq_len as f64 * m.padded_vocab as f64 * 4.0;
+    let saved = act(Framework::MegatronLm) - act(Framework::Torchtitan);
+    assert!(
+        close(saved, logits * 7.0 / 8.0, 1e-9),
+        "{saved} vs {}",
+        logits * 7.0 / 8.0
+    );
+}

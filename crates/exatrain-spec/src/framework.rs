@@ -177,6 +177,19 @@ impl Framework {
         40.0 + casts
     }
 
+    /// Pieces the last stage computes the output head and the loss in, one after the other, so
+    /// that only one piece's logits are alive at a time:
+    /// - torchtitan: 8 (`ChunkedLossWrapper`'s `num_chunks`, which its registered Llama 3
+    ///   configs use and the export keeps; the head and loss run on 1/8 of the tokens at a time).
+    /// - Megatron-LM and Megatron-DeepSpeed: 1 (the whole microbatch's logits; no
+    ///   `--cross-entropy-loss-fusion`).
+    pub fn loss_chunks(self) -> f64 {
+        match self {
+            Framework::Torchtitan => 8.0,
+            Framework::MegatronLm | Framework::MegatronDeepspeed => 1.0,
+        }
+    }
+
     /// Bytes this framework's ZeRO-3 copies per parameter of the stage, per microbatch, besides
     /// the collectives: memory-bound passes on the compute stream, exposed.
     /// - torchtitan (FSDP2, `fully_shard`): each all-gather's output is copied out into the
