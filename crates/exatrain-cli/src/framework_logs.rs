@@ -97,11 +97,12 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         Some("optim_grads_params") => Some(3),
         _ => None,
     };
-    let zero = match (arg_u32(log, "zero_stage"), arg_bool(log, "use_distributed_optimizer")) {
-        (Some(z), _) if arg_bool(log, "deepspeed") == Some(true) => z.min(3) as u8,
-        _ if fsdp.is_some() => fsdp.unwrap_or(0),
-        (_, Some(true)) => 1,
-        _ => 0,
+    let deepspeed = arg_u32(log, "zero_stage").filter(|_| arg_bool(log, "deepspeed") == Some(true));
+    let zero = match (deepspeed, fsdp) {
+        (Some(z), _) => z.min(3) as u8,
+        (None, Some(z)) => z,
+        (None, None) if arg_bool(log, "use_distributed_optimizer") == Some(true) => 1,
+        (None, None) => 0,
     };
     let recompute = match log.args.get("recompute_granularity").map(String::as_str) {
         Some("full") => Recompute::Full,
