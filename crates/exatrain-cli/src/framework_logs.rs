@@ -109,6 +109,12 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         Some("selective") => Recompute::Selective,
         _ => Recompute::None,
     };
+    no_partial_recompute(
+        name,
+        log,
+        model.layers,
+        pp * arg_u32(log, "virtual_pipeline_model_parallel_size").unwrap_or(1),
+    )?;
     let cfg = ParallelConfig {
         zero,
         recompute,
@@ -165,8 +171,24 @@ fn switches_from_args(log: &FrameworkLog) -> StackSwitches {
     }
 }
 
+/// `--recompute-granularity full --recompute-method block` recomputes only the first
+/// `recompute_num_layers` layers of each of the `chunks` pipeline chunks: a layout the planner
+/// has no price for (`uniform`, any N, recomputes every layer: full recomputation).
+fn no_partial_recompute(name: &str, log: &FrameworkLog, layers: u32, chunks: u32) -> Result<(), SpecError> {
+    let block = log.args.get("recompute_granularity").is_some_and(|g| g == "full")
+        && log.args.get("recompute_method").is_some_and(|m| m == "block");
+    let per_chunk = layers / chunks.max(1);
+    match arg_u32(log, "recompute_num_layers").filter(|&n| block && n < per_chunk) {
+        Some(n) => Err(SpecError::new(format!(
+            "log {name}: recompute_method block with recompute_num_layers {n} recomputes {n} of the {per_chunk} layers of each pipeline chunk; exatrain prices none, selective or full recomputation of every layer"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The fields of the argument dump that must equal the run file's.
 fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfig) -> Result<(), SpecError> {
+    no_partial_recompute(name, log, m.layers, c.pp * c.virtual_stages)?;
     // as `exatrain export` passes them: only where the group they act on has more than one rank
     for (arg, want) in [
         ("overlap_grad_reduce", c.overlap_dp && c.dp > 1),

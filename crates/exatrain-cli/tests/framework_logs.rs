@@ -421,6 +421,16 @@ fn bad_logs_get_one_clear_line() {
     // a log that ran without the DP overlap its run file plans
     let unoverlapped = megatron_log_with(&d, "unoverlapped", &[("overlap_grad_reduce", "False")]);
     with_run_file(&d, "unoverlapped", "llama2-7b", &MEGATRON_LAYOUT);
+    // partial recomputation: 4 of the 16 layers of each stage
+    let partial = megatron_log_with(
+        &d,
+        "partial",
+        &[
+            ("recompute_granularity", "full"),
+            ("recompute_method", "block"),
+            ("recompute_num_layers", "4"),
+        ],
+    );
     for (file, want) in [
         (d.join("noise.log"), "no iteration lines of a known format"),
         (titan, "a torchtitan log names no layout"),
@@ -429,6 +439,7 @@ fn bad_logs_get_one_clear_line() {
             unoverlapped,
             "ran with overlap_grad_reduce = False, but its run file says true",
         ),
+        (partial, "recomputes 4 of the 16 layers of each pipeline chunk"),
     ] {
         let out = exatrain(&[
             "calibrate",
