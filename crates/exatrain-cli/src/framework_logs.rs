@@ -107,6 +107,9 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
     let recompute = match log.args.get("recompute_granularity").map(String::as_str) {
         Some("full") => Recompute::Full,
         Some("selective") => Recompute::Selective,
+        // Megatron-DeepSpeed (and Megatron-LM before 2022) name full recomputation
+        // `--checkpoint-activations`
+        _ if arg_bool(log, "checkpoint_activations") == Some(true) => Recompute::Full,
         _ => Recompute::None,
     };
     no_partial_recompute(

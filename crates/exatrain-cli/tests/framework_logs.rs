@@ -338,6 +338,11 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     );
     megatron_log_with(
         &d,
+        "checkpointed",
+        &[("checkpoint_activations", "True"), ("recompute_granularity", "None")],
+    );
+    megatron_log_with(
+        &d,
         "fsdp",
         &[
             ("use_megatron_fsdp", "True"),
@@ -361,6 +366,10 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     assert!(
         layout("fsdp").contains("zero 3"),
         "Megatron-FSDP's optim_grads_params: {v}"
+    );
+    assert!(
+        layout("checkpointed").contains("recompute full"),
+        "--checkpoint-activations: {v}"
     );
     let step_error = |run: &str| -> f64 {
         v["rows"]
