@@ -126,16 +126,7 @@ fn measured(run: &Measured) -> [f64; 5] {
 }
 
 fn predict(c: &ClusterSpec, run: &Measured) -> Result<[f64; 5], SpecError> {
-    let carried;
-    let c = if run.framework.is_some_and(|f| c.stack.framework.is_some_and(|g| g != f))
-        || run.switches != StackSwitches::default()
-    {
-        carried = run.cluster_as_run(c);
-        &carried
-    } else {
-        c
-    };
-    plan(&run.model, c, &run.layout)
+    plan(&run.model, &run.cluster_as_run(c), &run.layout)
         .map(|p| {
             let t = p.time_s;
             [t.compute, t.tp_comm, t.dp_comm, t.optimizer, p.step_time_s]
