@@ -156,8 +156,12 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
 /// `bias_activation_fusion`, and `bias_dropout_fusion`: off if either is) and
 /// `overlap_p2p_comm`; one the dump does not print stays the cluster's. And Megatron-LM's
 /// `grad_reduce_in_bf16`, off unless printed on (its default: fp32 gradient buffers and
-/// reductions, as every Megatron-LM before the flag ran bf16).
+/// reductions, as every Megatron-LM before the flag ran bf16). A torchtitan log has no dump:
+/// the cluster's, all of them.
 fn switches_from_args(log: &FrameworkLog) -> StackSwitches {
+    if log.format == LogFormat::Torchtitan {
+        return StackSwitches::default();
+    }
     let activation = arg_bool(log, "bias_activation_fusion").or(arg_bool(log, "bias_gelu_fusion"));
     let bias_fusion = match (activation, arg_bool(log, "bias_dropout_fusion")) {
         (Some(false), _) | (_, Some(false)) => Some(false),
@@ -285,11 +289,7 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             layout,
             time_s: Default::default(),
             step_s: Some(step),
-            switches: if log.format == LogFormat::Torchtitan {
-                StackSwitches::default()
-            } else {
-                switches_from_args(&log)
-            },
+            switches: switches_from_args(&log),
             framework: Some(match log.format {
                 exatrain_tune::logs::LogFormat::MegatronLm => exatrain_spec::Framework::MegatronLm,
                 exatrain_tune::logs::LogFormat::MegatronDeepspeed => exatrain_spec::Framework::MegatronDeepspeed,
