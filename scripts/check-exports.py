@@ -69,6 +69,8 @@ LAYOUTS = [
     ("llama3-405b pp16 uneven", "llama3-405b", "dgx-h100", "--gpus 2048 --tp 8 --pp 16 --dp 16 --global-batch 2048 --flash-attention --sequence-parallel --zero 1 --recompute full"),
     ("mlm21-1.7b pp5 first 8", "mlm21-1.7b", "frontier", "--gpus 20 --tp 2 --pp 5 --dp 2 --global-batch 40 --first-stage-layers 8 --zero 1"),
     ("mlm21-1.7b frontier 1 node", "mlm21-1.7b", "frontier", "--gpus 8 --tp 1 --pp 2 --dp 4 --global-batch 32 --zero 1 --flash-attention"),
+    ("llama3-70b tp4 cp2 interleaved", "llama3-70b", "dgx-h100", "--gpus 128 --tp 4 --cp 2 --pp 4 --dp 4 --virtual-stages 5 --global-batch 128 --flash-attention --sequence-parallel --zero 1 --recompute none"),
+    ("llama3-8b cp2 zero3", "llama3-8b", "dgx-h100", "--gpus 16 --tp 1 --cp 2 --pp 1 --dp 8 --global-batch 64 --flash-attention --zero 3"),
     ("llama2-70b fp8 interleaved", "llama2-70b", "dgx-h100", "--gpus 64 --tp 4 --pp 4 --dp 4 --virtual-stages 20 --global-batch 128 --recompute none --sequence-parallel --flash-attention --overlap-tp --zero 1 --fp8"),
 ]
 
@@ -85,7 +87,7 @@ PY
 
 MEGATRON_LM = r"""
 import json, os, sys
-rec = json.load(open(sys.argv[1])); world = int(sys.argv[2]); expect = int(sys.argv[3])
+rec = json.load(open(sys.argv[1])); world = int(sys.argv[2]); expect = int(sys.argv[3]); dp = int(sys.argv[4])
 args = rec["args"]
 os.environ.clear(); os.environ.update(rec["env"])
 os.environ["WORLD_SIZE"] = str(world); os.environ["RANK"] = "0"
@@ -98,6 +100,9 @@ mult = a.make_vocab_size_divisible_by * a.tensor_model_parallel_size
 padded = -(-a.vocab_size // mult) * mult if a.vocab_size else None
 if padded != expect:
     raise SystemExit(f"padded vocabulary {padded} != planned {expect}")
+# world = tp · cp · pp · dp: Megatron derives the data-parallel size from the others
+if a.data_parallel_size != dp:
+    raise SystemExit(f"data-parallel size {a.data_parallel_size} != planned {dp}")
 print("ok")
 """
 
@@ -270,7 +275,7 @@ def main():
                 if not src:
                     rows.append((name, fmt, "not checked", "give the framework's checkout")); continue
                 env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
-                r = run([a.python, "-c", harness, recf, str(gpus), str(padded)], cwd=folder, env=env, timeout=600)
+                r = run([a.python, "-c", harness, recf, str(gpus), str(padded), flags.split()[flags.split().index("--dp") + 1]], cwd=folder, env=env, timeout=600)
                 if r.returncode == 0 and r.stdout.strip().endswith("ok"):
                     note = "parse_args + validate_args" + (" + DeepSpeedConfig" if fmt == "megatron-deepspeed" else "")
                     if fmt == "torchtitan":

@@ -32,7 +32,12 @@ pub struct LayoutArgs {
     /// Pipeline-parallel size (--pipeline-model-parallel-size).
     #[arg(long, default_value_t = 16)]
     pub pp: u32,
-    /// Data-parallel size; default gpus / (tp·pp).
+    /// Context-parallel size (--context-parallel-size): each sequence split over this many
+    /// ranks, keys and values passed around a ring; needs --flash-attention and seq_len divisible
+    /// by 2·cp. Gradients are reduced, and ZeRO shards, over dp·cp ranks.
+    #[arg(long, default_value_t = 1)]
+    pub cp: u32,
+    /// Data-parallel size; default gpus / (tp·cp·pp).
     #[arg(long)]
     pub dp: Option<u32>,
     /// Sequences per microbatch per data-parallel rank.
@@ -87,26 +92,32 @@ pub struct LayoutArgs {
 impl LayoutArgs {
     /// The config, checked against the model.
     pub fn config(&self, model: &ModelSpec) -> Result<ParallelConfig, SpecError> {
-        for (v, flag) in [(self.gpus, "gpus"), (self.tp, "tp"), (self.pp, "pp")] {
+        for (v, flag) in [(self.gpus, "gpus"), (self.tp, "tp"), (self.pp, "pp"), (self.cp, "cp")] {
             if v == 0 {
                 return Err(exatrain_spec::Invalid::ZeroSize(flag).into());
             }
         }
-        let cells = self.tp as u64 * self.pp as u64;
+        let cells = self.tp as u64 * self.cp as u64 * self.pp as u64;
         let dp = match self.dp {
             Some(d) => d,
             None if cells > 0 && self.gpus as u64 % cells == 0 => (self.gpus as u64 / cells) as u32,
             None => {
+                let cp = if self.cp > 1 {
+                    format!(" × --cp {}", self.cp)
+                } else {
+                    String::new()
+                };
                 return Err(SpecError::new(format!(
-                    "--gpus {} is not divisible by --tp {} × --pp {}",
+                    "--gpus {} is not divisible by --tp {}{cp} × --pp {}",
                     self.gpus, self.tp, self.pp
-                )))
+                )));
             }
         };
         let cfg = ParallelConfig {
             tp: self.tp,
             pp: self.pp,
             dp,
+            cp: self.cp,
             micro_batch: self.micro_batch,
             global_batch: self.global_batch,
             zero: self.zero,

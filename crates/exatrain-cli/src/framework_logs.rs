@@ -88,6 +88,8 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
     let tp = need("tensor_model_parallel_size")?;
     let pp = need("pipeline_model_parallel_size")?;
     let world = need("world_size")?;
+    // Megatron-LM's --context-parallel-size (absent from older dumps: none)
+    let cp = arg_u32(log, "context_parallel_size").unwrap_or(1);
     // Megatron-FSDP: what its sharding strategy shards (`exatrain export` writes it; its
     // default, `no_shard`, is plain data parallelism)
     let fsdp = match log.args.get("data_parallel_sharding_strategy").map(String::as_str) {
@@ -140,10 +142,11 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         // Megatron prints `None` when the stages are split evenly
         first_stage_layers: arg_u32(log, "decoder_first_pipeline_num_layers"),
         last_stage_layers: arg_u32(log, "decoder_last_pipeline_num_layers"),
+        cp,
         ..ParallelConfig::new(
             tp,
             pp,
-            world / (tp * pp).max(1),
+            world / (tp * pp * cp).max(1),
             need("micro_batch_size")?,
             need("global_batch_size")?,
         )
@@ -214,6 +217,7 @@ fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfi
     for (arg, want) in [
         ("tensor_model_parallel_size", c.tp),
         ("pipeline_model_parallel_size", c.pp),
+        ("context_parallel_size", c.cp),
         ("world_size", c.gpus()),
         ("micro_batch_size", c.micro_batch),
         ("global_batch_size", c.global_batch),

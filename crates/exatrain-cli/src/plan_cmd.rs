@@ -78,8 +78,13 @@ pub fn print_human(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfi
         cfg.gpus().div_ceil(cluster.node.devices),
         cluster.node.devices
     );
+    let cp = if cfg.cp > 1 {
+        format!(" · cp {}", cfg.cp)
+    } else {
+        String::new()
+    };
     println!(
-        "layout: tp {} · pp {} · dp {} | micro-batch {} · global batch {} ({} microbatches) | zero {} | recompute {} | sp {} | virtual stages {} | flash {} | {} | order {}",
+        "layout: tp {}{cp} · pp {} · dp {} | micro-batch {} · global batch {} ({} microbatches) | zero {} | recompute {} | sp {} | virtual stages {} | flash {} | {} | order {}",
         cfg.tp, cfg.pp, cfg.dp, cfg.micro_batch, cfg.global_batch, p.microbatches, cfg.zero,
         cfg.recompute, cfg.sequence_parallel, cfg.virtual_stages, cfg.flash_attention,
         if cfg.fp8 { "bf16 + fp8 linears" } else { cfg.dtype.as_str() }, cfg.order
@@ -108,11 +113,15 @@ pub fn print_human(model: &ModelSpec, cluster: &ClusterSpec, cfg: &ParallelConfi
         ("compute", t.compute),
         ("tp_comm", t.tp_comm),
         ("pp_comm", t.pp_comm),
+        ("cp_comm", t.cp_comm),
         ("dp_comm", t.dp_comm),
         ("bubble", t.bubble),
         ("optimizer", t.optimizer),
         ("step", p.step_time_s),
     ] {
+        if k == "cp_comm" && cfg.cp == 1 {
+            continue;
+        }
         println!("  {k:<12} {:>12}  {}", secs(v), pct(v, p.step_time_s));
     }
     println!(

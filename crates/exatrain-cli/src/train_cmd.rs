@@ -222,6 +222,8 @@ impl RunLayout {
             tp: self.tp,
             pp: self.pp,
             dp,
+            // the trainer has no context parallelism
+            cp: 1,
             micro_batch: cfg.micro_batch as u32,
             global_batch: cfg.global_batch as u32,
             zero: self.zero,

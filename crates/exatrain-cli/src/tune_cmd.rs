@@ -134,6 +134,10 @@ pub struct TuneArgs {
     /// Largest pipeline-parallel size considered.
     #[arg(long)]
     pub max_pp: Option<u32>,
+    /// Largest context-parallel size considered (1: none). Default: every size that leaves each
+    /// rank at least 4096 tokens of a sequence (none at seq_len 4096 or below), flash attention only.
+    #[arg(long)]
+    pub max_cp: Option<u32>,
     /// ZeRO stages to consider (comma-separated).
     #[arg(long, default_value = "0,1,2,3")]
     pub zero: String,
@@ -348,6 +352,7 @@ pub(crate) fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError
         ("--max-micro-batch", Some(a.max_micro_batch)),
         ("--max-tp", a.max_tp),
         ("--max-pp", a.max_pp),
+        ("--max-cp", a.max_cp),
     ] {
         if v == Some(0) {
             return Err(SpecError::new(format!("{flag} 0: must be a positive integer")));
@@ -356,6 +361,7 @@ pub(crate) fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError
     s.max_micro_batch = a.max_micro_batch;
     s.max_tp = a.max_tp.unwrap_or(u32::MAX);
     s.max_pp = a.max_pp.unwrap_or(u32::MAX);
+    s.max_cp = a.max_cp.unwrap_or(u32::MAX);
     s.zero = zero_stages(&a.zero)?;
     s.recompute = parse_list(&a.recompute, "recompute", |x| x.parse::<Recompute>())?;
     s.framework = a.framework.as_deref().map(str::parse).transpose()?;

@@ -23,9 +23,10 @@ pub(crate) fn row(r: &Ranked, value: Option<f64>) -> serde_json::Value {
 
 pub(crate) fn print_table(rows: &[(Ranked, Option<f64>)]) {
     println!(
-        "{:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  {}",
+        "{:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  {}",
         "#",
         "tp",
+        "cp",
         "pp",
         "dp",
         "mbs",
@@ -40,18 +41,18 @@ pub(crate) fn print_table(rows: &[(Ranked, Option<f64>)]) {
         "step",
         "tokens/s",
         "MFU",
-        "compute/tp/pp/dp/bubble/opt %"
+        "compute/tp/pp/cp/dp/bubble/opt %"
     );
     for (i, (r, measured)) in rows.iter().enumerate() {
         let (c, p) = (&r.cfg, &r.plan);
         let t = &p.time_s;
         let f = |x: f64| format!("{:.0}", 100.0 * x / p.step_time_s);
         println!(
-            "{:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11.0} {:>5.1}%  {}/{}/{}/{}/{}/{}{}",
-            i + 1, c.tp, c.pp, c.dp, c.micro_batch, c.global_batch, c.zero, c.recompute.as_str(),
+            "{:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11.0} {:>5.1}%  {}/{}/{}/{}/{}/{}/{}{}",
+            i + 1, c.tp, c.cp, c.pp, c.dp, c.micro_batch, c.global_batch, c.zero, c.recompute.as_str(),
             if c.sequence_parallel { "y" } else { "n" }, c.virtual_stages, if c.flash_attention { "y" } else { "n" },
             c.order.to_string(), bytes(p.memory_bytes.total), secs(p.step_time_s), p.tokens_per_s, 100.0 * p.mfu,
-            f(t.compute), f(t.tp_comm), f(t.pp_comm), f(t.dp_comm), f(t.bubble), f(t.optimizer),
+            f(t.compute), f(t.tp_comm), f(t.pp_comm), f(t.cp_comm), f(t.dp_comm), f(t.bubble), f(t.optimizer),
             measured.map_or(String::new(), |m| format!("  measured {m:.1}"))
         );
     }

@@ -101,8 +101,15 @@ pub struct Run {
     /// | no (the Megatron-LM of 2021-2022)
     #[serde(default = "yes")]
     pub overlap_pp: String,
+    /// context-parallel size (Megatron-LM's --context-parallel-size; default 1): `gpus` is
+    /// tp · cp · pp · dp
+    #[serde(default = "one")]
+    pub cp: u32,
 }
 
+fn one() -> u32 {
+    1
+}
 fn dash() -> String {
     "-".into()
 }
@@ -120,7 +127,7 @@ fn megatron_lm() -> String {
 }
 
 /// The columns a runs CSV may have; the first 18 are required.
-pub const COLUMNS: [&str; 31] = [
+pub const COLUMNS: [&str; 32] = [
     "name",
     "params_b",
     "layers",
@@ -152,6 +159,7 @@ pub const COLUMNS: [&str; 31] = [
     "bias_fusion",
     "fp8",
     "overlap_pp",
+    "cp",
 ];
 
 const METRICS: &str = "hfu_tflops, mfu, tflops, step_s";
@@ -301,13 +309,21 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
             let per: u32 = s
                 .parse()
                 .map_err(|_| SpecError::new(format!("run {}: interleave `{s}` is not a number or '-'", run.name)))?;
-            if per == 0 || run.pp == 0 || model.layers % (run.pp * per) != 0 {
-                return Err(SpecError::new(format!(
-                    "run {}: interleave {per} layers per virtual stage does not divide {} layers over pp {}",
-                    run.name, model.layers, run.pp
-                )));
+            // the layers (slots, where the split counts the embedding and the loss as layers) of
+            // each stage, divided into chunks of `per`
+            let slots = ParallelConfig::new(1, run.pp.max(1), 1, 1, 1)
+                .stage_layers(&model)
+                .ok()
+                .and_then(|st| st.interleave_slots());
+            match slots {
+                Some(slots) if per > 0 && run.pp > 1 && slots % per == 0 => slots / per,
+                _ => {
+                    return Err(SpecError::new(format!(
+                        "run {}: interleave {per} layers per virtual stage does not divide {} layers over pp {}",
+                        run.name, model.layers, run.pp
+                    )))
+                }
             }
-            model.layers / (run.pp * per)
         }
     };
     let cfg = ParallelConfig {
@@ -319,6 +335,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
         flash_attention: yes_no(&run.flash, "flash", &run.name)?,
         fp8: yes_no(&run.fp8, "fp8", &run.name)?,
         virtual_stages,
+        cp: run.cp,
         ..ParallelConfig::new(run.tp, run.pp, run.dp, run.mbs, run.gbs)
     };
     cfg.check(&model, run.gpus)

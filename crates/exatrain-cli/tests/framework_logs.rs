@@ -349,6 +349,15 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
             ("data_parallel_sharding_strategy", "optim_grads_params"),
         ],
     );
+    // context parallelism: world 16 = tp 2 · cp 2 · pp 2 · dp 2
+    megatron_log_with(
+        &d,
+        "cp2",
+        &[
+            ("context_parallel_size", "2"),
+            ("attention_backend", "AttnBackend.flash"),
+        ],
+    );
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
         "fidelity",
         "--runs",
@@ -363,6 +372,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         r.map_or(String::new(), |r| r["layout"].as_str().unwrap_or_default().to_string())
     };
     assert!(layout("plain").contains("zero 1"), "{v}");
+    assert!(layout("cp2").contains("tp 2 · cp 2 · pp 2 · dp 2"), "{v}");
     assert!(
         layout("fsdp").contains("zero 3"),
         "Megatron-FSDP's optim_grads_params: {v}"

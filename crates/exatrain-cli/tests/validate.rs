@@ -302,3 +302,66 @@ small-off,{tp1},megatron-lm,no
     assert_eq!(pred("tt-on"), pred("tt-off"));
     assert_eq!(pred("small-on"), pred("small-off"));
 }
+
+/// The `cp` column is the run's context-parallel size: `gpus` is tp · cp · pp · dp, the row is
+/// priced as `plan --cp` prices it, and a row whose layout cannot run context parallelism (no
+/// flash attention) is refused naming the run and the flag.
+#[test]
+fn validate_prices_context_parallel_rows() {
+    let dir = std::env::temp_dir().join(format!("exatrain-val-cp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("runs.csv");
+    let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,flash,zero,model,cp";
+    let shape = "8.0,32,4096,32,8192,128256";
+    let text = format!("{header}\ncp2,{shape},16,1,1,8,1,64,-,none,no,dgx-h100,tflops,500,yes,1,llama3-8b,2\n");
+    let pred = predicted(&f, &text);
+    let plan = json(&[
+        "plan",
+        "--json",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "16",
+        "--tp",
+        "1",
+        "--cp",
+        "2",
+        "--pp",
+        "1",
+        "--dp",
+        "8",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "64",
+        "--zero",
+        "1",
+        "--recompute",
+        "none",
+        "--flash-attention",
+        "--framework",
+        "megatron-lm",
+    ]);
+    let tflops = plan["tflops_per_gpu"].as_f64().unwrap();
+    assert!(
+        (pred("cp2") - tflops).abs() < 1e-6 * tflops,
+        "{} vs {tflops}",
+        pred("cp2")
+    );
+    assert_eq!(plan["config"]["cp"], 2);
+    // no flash attention: refused, one line, exit 2
+    std::fs::write(
+        &f,
+        format!("{header}\nbad,{shape},16,1,1,8,1,64,-,none,no,dgx-h100,tflops,500,no,1,llama3-8b,2\n"),
+    )
+    .unwrap();
+    let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("run bad") && err.contains("--cp above 1 needs --flash-attention"),
+        "{err}"
+    );
+}

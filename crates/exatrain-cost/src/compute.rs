@@ -101,14 +101,15 @@ impl BlockTime {
     }
 }
 
-/// Forward time of one block. Shapes per device: T = b·s tokens, TP shards heads and the FFN
-/// width; with sequence parallelism the norm/dropout/residual region works on T/t tokens,
-/// without it every TP rank repeats that work on all T.
+/// Forward time of one block. Shapes per device: T = b·s tokens (s the rank's `seq_len / cp`),
+/// TP shards heads and the FFN width; with sequence parallelism the norm/dropout/residual region
+/// works on T/t tokens, without it every TP rank repeats that work on all T.
 pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime {
     let e = p.dtype.bytes();
     let t = p.tp as f64;
     let b = p.micro_batch as f64;
-    let s = m.seq_len as f64;
+    let s = p.local_seq(m) as f64;
+    let cp = p.cp as f64;
     let h = m.hidden as f64;
     let tokens = b * s;
     let q = m.q_dim() as f64;
@@ -132,9 +133,12 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
 
     let (core, core_bwd) = if p.flash_attention {
         // One fused kernel; causal masking skips half the s×s blocks; no s×s tensor in HBM. Its
-        // backward is 2.5× its forward (it recomputes the scores).
-        let t_flops = 0.5 * (d.gemm(b * heads, s, s, hd, 0.0) + d.gemm(b * heads, s, hd, s, 0.0));
-        let io = b * s * (q + 2.0 * kv + q) / t * e;
+        // backward is 2.5× its forward (it recomputes the scores). Context-parallel, one kernel
+        // per ring step: the rank's s queries against each of the cp key/value chunks of s
+        // (the causal half of the whole s × cp·s rectangle, load-balanced), each step reading
+        // the queries and a chunk and rescaling the output.
+        let t_flops = 0.5 * (d.gemm(b * heads * cp, s, s, hd, 0.0) + d.gemm(b * heads * cp, s, hd, s, 0.0));
+        let io = cp * b * s * (q + 2.0 * kv + q) / t * e;
         let core = t_flops.max(d.stream(io));
         (core, 2.5 * core)
     } else {
@@ -231,7 +235,7 @@ pub fn block_train_of(m: &ModelSpec, p: &ParallelConfig, d: &Device, fwd: &Block
 
 /// Forward + backward of the input embedding (first stage), one microbatch.
 pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
-    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let tokens = p.micro_batch as f64 * p.local_seq(m) as f64;
     let h = m.hidden as f64;
     let e = p.dtype.bytes();
     // gather rows (+ add positions), then the scatter-add of their gradients: ~3 passes each way
@@ -241,7 +245,7 @@ pub fn embedding_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
 /// Forward + backward of the final norm, output head and cross-entropy (last stage), one
 /// microbatch. Logits are vocabulary-parallel (V/t per rank); the loss works in fp32.
 pub fn head_train(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> f64 {
-    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    let tokens = p.micro_batch as f64 * p.local_seq(m) as f64;
     let h = m.hidden as f64;
     let v = m.padded_vocab as f64 / p.tp as f64;
     let e = p.dtype.bytes();

@@ -13,7 +13,8 @@ pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
     let e = p.dtype.bytes();
     let t = p.tp as f64;
     let sp = if p.sequence_parallel { t } else { 1.0 };
-    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    // the rank's share of each sequence under context parallelism
+    let tokens = p.micro_batch as f64 * p.local_seq(m) as f64;
     let h = m.hidden as f64;
     if p.recompute == Recompute::Full {
         return tokens * h * e / sp; // the block's input only
@@ -33,7 +34,7 @@ pub fn block_activations(m: &ModelSpec, p: &ParallelConfig) -> f64 {
     let sharded = tokens * (2.0 * q + 2.0 * kv + mlp) * e / t;
     // The s×s part: softmax output (+ dropout mask and output). Gone with flash attention
     // (it keeps an fp32 log-sum-exp per row) or with selective recomputation.
-    let s = m.seq_len as f64;
+    let s = p.local_seq(m) as f64;
     let scores = p.micro_batch as f64 * m.heads as f64 / t * s * s;
     let core = if p.flash_attention {
         p.micro_batch as f64 * m.heads as f64 / t * s * 4.0

@@ -37,6 +37,10 @@ pub struct Times {
     pub tp_comm: f64,
     /// Pipeline send/recv between stages.
     pub pp_comm: f64,
+    /// Context-parallel attention's ring exchanges of keys and values (and their gradients), the
+    /// part not hidden under the attention kernels.
+    #[serde(default)]
+    pub cp_comm: f64,
     /// The exposed part of the data-parallel gradient reduction / ZeRO gathers.
     pub dp_comm: f64,
     /// Pipeline fill and drain: (p - 1)/v microbatch times.
@@ -47,7 +51,7 @@ pub struct Times {
 
 impl Times {
     pub fn total(&self) -> f64 {
-        self.compute + self.tp_comm + self.pp_comm + self.dp_comm + self.bubble + self.optimizer
+        self.compute + self.tp_comm + self.pp_comm + self.cp_comm + self.dp_comm + self.bubble + self.optimizer
     }
 }
 
@@ -57,6 +61,7 @@ pub struct CommBytes {
     pub tp: f64,
     pub pp: f64,
     pub dp: f64,
+    pub cp: f64,
 }
 
 /// Everything the planner predicts for one layout.
@@ -98,7 +103,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let (b_first, b_mid, b_last) = (st.first as f64, st.middle as f64, st.last as f64);
     // the stage with the most layers (ZeRO-3 gathers, per-chunk activations)
     let blocks = st.max() as f64;
-    let tokens = p.micro_batch as f64 * m.seq_len as f64;
+    // the tokens of one microbatch a rank holds (each sequence's 1/cp under context parallelism)
+    let tokens = p.micro_batch as f64 * p.local_seq(m) as f64;
     let act_msg = tokens * m.hidden as f64 * e; // one full activation tensor
 
     // --- per microbatch, per stage: compute and TP communication
@@ -180,6 +186,26 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         slowest = (mid_c, b_mid * tp_block);
     }
     let (stage_c, stage_tp) = slowest;
+
+    // --- context parallelism: Transformer Engine's ring attention (Megatron-LM's default
+    // `cp_comm_type p2p`; torchtitan's ring too). Each block's forward passes the rank's keys and
+    // values (1/t of the kv heads, its s/cp tokens) cp − 1 hops around the ring, its backward
+    // passes them again with their gradients (twice the bytes); each hop runs under the attention
+    // kernel of the step before it, so a hop exposes what it outlasts one step (1/cp of the
+    // core) by. Under full recomputation the forward's ring runs twice.
+    let cpn = p.cp;
+    let (cp_block, cp_bytes_block) = if cpn > 1 {
+        let kv_chunk = tokens * 2.0 * m.kv_dim() as f64 / tp as f64 * e;
+        let link = group_link(c, cpn, p.stride(Dim::Tp) * tp);
+        let hops = cpn as f64 - 1.0;
+        let fwd_pass = hops * (comm::send_recv(kv_chunk, link) - fwd.core / cpn as f64).max(0.0);
+        let bwd_pass = hops * (comm::send_recv(2.0 * kv_chunk, link) - fwd.core_bwd / cpn as f64).max(0.0);
+        let fwd_passes = if p.recompute == Recompute::Full { 2.0 } else { 1.0 };
+        (fwd_passes * fwd_pass + bwd_pass, (fwd_passes + 2.0) * hops * kv_chunk)
+    } else {
+        (0.0, 0.0)
+    };
+    let stage_cp = blocks * cp_block;
     let nf = tp as f64;
     let ring = |k: f64| {
         if tp > 1 {
@@ -227,7 +253,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     } else {
         (0.0, 0.0)
     };
-    let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp);
+    let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp + stage_cp);
 
     // --- data parallel and the optimizer
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });
@@ -240,7 +266,15 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         .dp_reduction(p, &c.stack);
     let grad_bytes = params_dev * red.grad_wire_bytes;
     let weight_bytes = params_dev * e;
-    let dp_link = group_link(c, dp, p.stride(Dim::Dp));
+    // the ranks that hold the same weights: dp · cp (Megatron's data-parallel group with context
+    // parallelism); its ring runs over the data-parallel ranks' links, or the context-parallel
+    // ones' without data parallelism
+    let dp_link = if dp == 1 && cpn > 1 {
+        group_link(c, cpn, p.stride(Dim::Tp) * tp)
+    } else {
+        group_link(c, dp, p.stride(Dim::Dp))
+    };
+    let dp = p.dp_cp();
     // the backward and the forward part of one microbatch
     let (bwd_mb, fwd_mb) = (stage_c * 2.0 / 3.0, stage_c / 3.0);
     // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of max(40 M,
@@ -329,6 +363,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         compute: mbf * stage_c,
         tp_comm: mbf * stage_tp,
         pp_comm,
+        cp_comm: mbf * stage_cp,
         dp_comm,
         bubble,
         optimizer,
@@ -445,6 +480,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             tp: tp_bytes,
             pp: pp_bytes,
             dp: dp_bytes,
+            cp: mbf * blocks * cp_bytes_block,
         },
     })
 }

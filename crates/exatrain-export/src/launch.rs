@@ -8,7 +8,7 @@ use super::{shape, File, Job, Launcher};
 
 fn header(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: &Job, nodes: u32, per_node: u32) -> String {
     format!(
-        "# {model} on {gpus} × {device} ({nodes} node{s} × {per_node}): tp {tp} × pp {pp} × dp {dp}, \
+        "# {model} on {gpus} × {device} ({nodes} node{s} × {per_node}): {grid}, \
          micro-batch {mb}, global batch {gb}, ZeRO-{zero}\n\
          # Exported by exatrain for {version}.\n\
          # Run from {run_from}. Lines marked PLACEHOLDER are yours to fill in.\n",
@@ -16,9 +16,7 @@ fn header(m: &ModelSpec, cl: &ClusterSpec, c: &ParallelConfig, job: &Job, nodes:
         gpus = c.gpus(),
         device = cl.device.name,
         s = if nodes == 1 { "" } else { "s" },
-        tp = c.tp,
-        pp = c.pp,
-        dp = c.dp,
+        grid = c.grid(),
         mb = c.micro_batch,
         gb = c.global_batch,
         zero = c.zero,

@@ -51,6 +51,11 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         format!("--tensor-model-parallel-size {}", c.tp),
         format!("--pipeline-model-parallel-size {}", c.pp),
     ];
+    if c.cp > 1 {
+        // Transformer Engine's ring attention (the default --cp-comm-type p2p), which the
+        // planner prices; CP ranks sit right outside TP (Megatron's tp-cp-ep-dp-pp)
+        f.push(format!("--context-parallel-size {}", c.cp));
+    }
     if let Ok(st) = c.stage_layers(m) {
         if c.virtual_stages > 1 {
             // interleaved: an even split, or (uneven) the embedding and the loss counted as layers
@@ -118,13 +123,13 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
     if c.overlap_tp && c.tp > 1 {
         f.push("--tp-comm-overlap".into());
     }
-    if c.dtype == Dtype::Bf16 && c.dp > 1 {
+    if c.dtype == Dtype::Bf16 && c.dp_cp() > 1 {
         // the planner prices the gradient reduction in the training dtype and the gradient
         // buffer in bf16 (Framework::dp_reduction, Framework::grad_store_bytes), as NVIDIA's
         // H100 examples run it; Megatron-LM's default for bf16 reduces and keeps them in fp32
         f.push("--grad-reduce-in-bf16".into());
     }
-    if c.overlap_dp && c.dp > 1 {
+    if c.overlap_dp && c.dp_cp() > 1 {
         f.push("--overlap-grad-reduce".into());
         if c.zero >= 1 {
             f.push("--overlap-param-gather".into());
@@ -139,11 +144,11 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
     flags.extend(megatron_training_flags(&["--log-throughput"]));
     flags.push("$DATA_ARGS".into());
     let mut env = Vec::new();
-    if (c.tp > 1) && c.zero < 2 {
+    if (c.tp > 1 || c.cp > 1) && c.zero < 2 {
         env.push((
             "CUDA_DEVICE_MAX_CONNECTIONS".into(),
             "1".into(),
-            "Megatron-LM asserts it with tensor parallelism before Blackwell (one queue keeps TP communication ahead of compute)".into(),
+            "Megatron-LM asserts it with tensor or context parallelism before Blackwell (one queue keeps TP communication ahead of compute)".into(),
         ));
     }
     let placeholders = megatron_training_placeholders(&m.name)

@@ -29,7 +29,7 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
         _ => (1, c.dp, Some("always")),
     };
     let mut py = format!(
-        "# exatrain_recipe.py: {name} on {gpus} GPUs (tp {tp} × pp {pp} × dp {dp}), exported by exatrain for\n\
+        "# exatrain_recipe.py: {name} on {gpus} GPUs ({grid}), exported by exatrain for\n\
          # {version}.\n\
          # torchtitan takes its configuration as a Python function: this one starts from the registered\n\
          # {base}() and sets the planned layout. Run with\n\
@@ -50,12 +50,19 @@ pub fn job(m: &ModelSpec, c: &ParallelConfig) -> Result<Job, String> {
          \x20   p.enable_sequence_parallel = {sp}\n\
          \x20   p.pipeline_parallel_degree = {pp}\n\
          \x20   p.data_parallel_replicate_degree = {replicate}\n\
-         \x20   p.data_parallel_shard_degree = {shard}\n",
+         \x20   p.data_parallel_shard_degree = {shard}\n\
+         {cp}",
+        cp = if c.cp > 1 {
+            // the head-tail load balancer (2·cp chunks) is torchtitan's default for SDPA
+            format!("    p.context_parallel_degree = {}\n", c.cp)
+        } else {
+            String::new()
+        },
         name = m.name,
         gpus = c.gpus(),
         tp = c.tp,
         pp = c.pp,
-        dp = c.dp,
+        grid = c.grid(),
         version = Framework::Torchtitan.version(),
         sp = if c.tp > 1 { "True" } else { "False" },
     );

@@ -87,6 +87,35 @@ fn cases() -> Vec<(
             Launcher::Slurm,
         ),
         (
+            // context parallelism: Llama 3 70B as Megatron-Bridge's H100 recipe runs it (tp 4, cp 2)
+            "llama3-70b-h100-megatron-lm-cp2",
+            "llama3-70b",
+            "dgx-h100",
+            ParallelConfig {
+                cp: 2,
+                zero: 1,
+                flash_attention: true,
+                sequence_parallel: true,
+                virtual_stages: 5,
+                ..layout(4, 4, 4, 1, 128)
+            },
+            mlm,
+            Launcher::Torchrun,
+        ),
+        (
+            "llama3-8b-h100-torchtitan-cp2",
+            "llama3-8b",
+            "dgx-h100",
+            ParallelConfig {
+                cp: 2,
+                zero: 3,
+                flash_attention: true,
+                ..layout(1, 1, 8, 1, 64)
+            },
+            tt,
+            Launcher::Torchrun,
+        ),
+        (
             "llama3-405b-h100-uneven-stages",
             "llama3-405b",
             "dgx-h100",
@@ -293,8 +322,12 @@ fn check_job(
                 flag(main, "--num-layers-per-virtual-pipeline-stage").map(|x| x.parse::<u32>().unwrap()),
                 (v > 1).then(|| if st.even() { st.first } else { st.middle } / v)
             );
-            // asserted by Megatron-LM with tp > 1 (pre-Blackwell), forbidden with Megatron-FSDP
-            assert_eq!(max_conn, cfg.tp > 1 && cfg.zero < 2, "{cfg:?}");
+            // asserted by Megatron-LM with tp or cp > 1 (pre-Blackwell), forbidden with Megatron-FSDP
+            assert_eq!(max_conn, (cfg.tp > 1 || cfg.cp > 1) && cfg.zero < 2, "{cfg:?}");
+            assert_eq!(
+                flag(main, "--context-parallel-size").map(|x| x.parse::<u32>().unwrap()),
+                (cfg.cp > 1).then_some(cfg.cp)
+            );
             let d: u32 = flag(main, "--make-vocab-size-divisible-by").unwrap().parse().unwrap();
             assert_eq!(m.vocab.div_ceil(d * cfg.tp) * d * cfg.tp, m.padded_vocab);
             assert_eq!(main.contains("--use-megatron-fsdp"), cfg.zero >= 2);
@@ -316,6 +349,10 @@ fn check_job(
             let py = &files.iter().find(|f| f.name == "exatrain_recipe.py").unwrap().contents;
             assert!(py.contains(&format!("p.tensor_parallel_degree = {}\n", cfg.tp)));
             assert!(py.contains(&format!("p.pipeline_parallel_degree = {}\n", cfg.pp)));
+            assert_eq!(
+                py.contains(&format!("p.context_parallel_degree = {}\n", cfg.cp)),
+                cfg.cp > 1
+            );
             assert!(main.contains("-m torchtitan.train --module exatrain_recipe --config exatrain_run"));
         }
     }
@@ -394,4 +431,35 @@ fn fp8_is_exported_to_megatron_lm_and_refused_elsewhere() {
         let e = export(&m, &a100, &cfg, format, Launcher::Torchrun).unwrap_err();
         assert!(e.to_string().contains("FP8 tensor cores"), "{format:?}: {e}");
     }
+}
+
+/// Context parallelism is Megatron-LM's `--context-parallel-size` and torchtitan's
+/// `context_parallel_degree` (which shards the weights over the CP ranks with FSDP2, so it needs
+/// ZeRO-2/3 there); Megatron-DeepSpeed's sequence splitting is DeepSpeed-Ulysses, not planned.
+#[test]
+fn context_parallelism_is_exported_where_a_framework_has_ring_attention() {
+    let m = presets::model("llama3-8b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let cfg = ParallelConfig {
+        cp: 2,
+        zero: 1,
+        flash_attention: true,
+        ..layout(1, 1, 4, 1, 32)
+    };
+    let mlm = megatron_lm_job(&m, &c, &cfg);
+    assert_eq!(flag(&mlm, "--context-parallel-size"), Some("2"));
+    // gradients are still reduced over dp · cp = 8 ranks
+    assert!(mlm.contains("--overlap-grad-reduce") && mlm.contains("--grad-reduce-in-bf16"));
+    assert!(mlm.contains("CUDA_DEVICE_MAX_CONNECTIONS=\"1\""));
+    assert!(mlm.contains("tp 1 × cp 2 × pp 1 × dp 4"), "{mlm}");
+    let ds = Format::Framework(Framework::MegatronDeepspeed);
+    let e = export(&m, &c, &cfg, ds, Launcher::Torchrun).unwrap_err().to_string();
+    assert!(e.contains("Ulysses") && e.contains("--cp 2"), "{e}");
+    let tt = Format::Framework(Framework::Torchtitan);
+    let e = export(&m, &c, &ParallelConfig { zero: 0, ..cfg }, tt, Launcher::Torchrun).unwrap_err();
+    assert!(e.to_string().contains("--zero 2 or 3"), "{e}");
+    let recipe = render(&export(&m, &c, &ParallelConfig { zero: 3, ..cfg }, tt, Launcher::Torchrun).unwrap());
+    assert!(recipe.contains("p.context_parallel_degree = 2\n"), "{recipe}");
+    let run = render(&export(&m, &c, &cfg, Format::Exatrain, Launcher::Torchrun).unwrap());
+    assert!(run.contains("cp = 2"), "{run}");
 }

@@ -27,6 +27,7 @@ pub enum Invalid {
         tp: u32,
         pp: u32,
         dp: u32,
+        cp: u32,
         gpus: u32,
     },
     TpHeads {
@@ -79,16 +80,29 @@ pub enum Invalid {
         seq_len: u32,
         tp: u32,
     },
+    /// Context parallelism without flash attention (Transformer Engine's and PyTorch's
+    /// context-parallel attention are fused kernels).
+    CpNeedsFlash,
+    /// The sequence does not split into `2·cp` equal chunks (the load-balanced causal split).
+    SeqCp {
+        seq_len: u32,
+        cp: u32,
+    },
 }
 
 impl fmt::Display for Invalid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Invalid::ZeroSize(field) => write!(f, "--{field} must be a positive integer"),
-            Invalid::Product { tp, pp, dp, gpus } => write!(
+            Invalid::Product { tp, pp, dp, cp: 1, gpus } => write!(
                 f,
                 "--tp {tp} × --pp {pp} × --dp {dp} = {} does not equal --gpus {gpus}",
                 tp as u64 * pp as u64 * dp as u64
+            ),
+            Invalid::Product { tp, pp, dp, cp, gpus } => write!(
+                f,
+                "--tp {tp} × --cp {cp} × --pp {pp} × --dp {dp} = {} does not equal --gpus {gpus}",
+                tp as u64 * cp as u64 * pp as u64 * dp as u64
             ),
             Invalid::TpHeads { tp, heads } => write!(f, "--tp {tp} does not divide {heads} heads"),
             Invalid::TpKvHeads { tp, kv_heads } => {
@@ -157,6 +171,14 @@ impl fmt::Display for Invalid {
             Invalid::SeqTp { seq_len, tp } => {
                 write!(f, "--sequence-parallel: --tp {tp} does not divide seq_len {seq_len}")
             }
+            Invalid::CpNeedsFlash => write!(
+                f,
+                "--cp above 1 needs --flash-attention (context-parallel attention is a fused kernel in Transformer Engine and PyTorch)"
+            ),
+            Invalid::SeqCp { seq_len, cp } => write!(
+                f,
+                "--cp {cp}: seq_len {seq_len} does not split into 2 × {cp} equal chunks (the load-balanced causal split; allowed: cp with seq_len divisible by 2·cp)"
+            ),
         }
     }
 }

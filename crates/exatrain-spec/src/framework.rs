@@ -110,9 +110,9 @@ impl Framework {
 
     /// Bytes of one stored gradient element (the buffer backward accumulates into, before
     /// ZeRO-2/3 sharding), as the framework runs what exatrain exports:
-    /// - Megatron-LM: the training dtype where there is a reduction (dp > 1). Its DDP buffer
+    /// - Megatron-LM: the training dtype where there is a reduction (dp · cp > 1). Its DDP buffer
     ///   holds `main_grad` in the reduction's dtype, and the export passes
-    ///   `--grad-reduce-in-bf16` when dp > 1 (NVIDIA's H100 examples do), so a bf16 parameter
+    ///   `--grad-reduce-in-bf16` when dp · cp > 1 (NVIDIA's H100 examples do), so a bf16 parameter
     ///   costs 2 + 2 + 12 bytes before sharding; without that flag Megatron-LM accumulates in
     ///   fp32 (18 bytes, its distributed-optimizer table; `StackSpec::grad_reduce_bf16` false).
     ///   Under fp32, 4. (The trainer, no
@@ -121,7 +121,7 @@ impl Framework {
     /// - torchtitan: fp32 (FSDP2's sharded gradients take the fp32 `reduce_dtype`).
     pub fn grad_store_bytes(self, c: &ParallelConfig, stack: &StackSpec) -> f64 {
         match self {
-            Framework::MegatronLm if c.dp > 1 && stack.grad_reduce_bf16 => c.dtype.bytes(),
+            Framework::MegatronLm if c.dp_cp() > 1 && stack.grad_reduce_bf16 => c.dtype.bytes(),
             Framework::MegatronLm | Framework::MegatronDeepspeed | Framework::Torchtitan => Dtype::Fp32.bytes(),
         }
     }
@@ -364,6 +364,12 @@ impl Framework {
                 Ok(())
             }
             Framework::MegatronDeepspeed => {
+                if c.cp > 1 {
+                    return Err(format!(
+                        "Megatron-DeepSpeed splits sequences with DeepSpeed-Ulysses (all-to-all over heads), not the ring context parallelism exatrain plans; --cp {} needs --cp 1",
+                        c.cp
+                    ));
+                }
                 if c.order != default_order {
                     return Err(format!(
                         "DeepSpeed's topology is fixed (tp fastest, then dp, then pp); rank order {} cannot be expressed",
@@ -399,6 +405,12 @@ impl Framework {
                     return Err(format!(
                         "torchtitan's device mesh is pp, dp, tp (tp fastest); rank order {} cannot be expressed",
                         c.order
+                    ));
+                }
+                if c.cp > 1 && c.zero == 0 {
+                    return Err(format!(
+                        "torchtitan shards the weights over the context-parallel ranks with FSDP2 whenever --cp {} > 1: use --zero 2 or 3",
+                        c.cp
                     ));
                 }
                 if c.zero == 1 {

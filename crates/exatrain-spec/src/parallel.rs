@@ -196,6 +196,14 @@ pub struct ParallelConfig {
     pub pp: u32,
     /// Data-parallel size (replicas, or ZeRO shards).
     pub dp: u32,
+    /// Context-parallel size (Megatron-LM's `--context-parallel-size`, torchtitan's
+    /// `context_parallel_degree`): each sequence split over `cp` ranks in `2·cp` chunks, rank i
+    /// holding chunks i and 2·cp−1−i (the causal load balance), attention passing the keys and
+    /// values around a ring. The `cp` ranks of a group hold the same weights: gradients are
+    /// reduced, and ZeRO shards, over `dp · cp` ranks. They sit right outside the TP ranks in the
+    /// rank grid (Megatron's tp-cp-dp-pp). Needs flash attention.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub cp: u32,
     /// Sequences per microbatch per data-parallel rank.
     pub micro_batch: u32,
     /// Sequences per optimizer step over all replicas.
@@ -326,6 +334,9 @@ fn one() -> u32 {
 fn yes() -> bool {
     true
 }
+fn is_one(x: &u32) -> bool {
+    *x == 1
+}
 
 impl ParallelConfig {
     /// A plain layout with defaults for everything but the sizes.
@@ -334,6 +345,7 @@ impl ParallelConfig {
             tp,
             pp,
             dp,
+            cp: 1,
             micro_batch,
             global_batch,
             zero: 0,
@@ -432,7 +444,28 @@ impl ParallelConfig {
     }
 
     pub fn gpus(&self) -> u32 {
-        self.tp * self.pp * self.dp
+        self.tp * self.cp * self.pp * self.dp
+    }
+
+    /// The grid's sizes in words: `tp 4 × pp 8 × dp 32`, with `× cp N` after tp when cp > 1.
+    pub fn grid(&self) -> String {
+        let cp = if self.cp > 1 {
+            format!(" × cp {}", self.cp)
+        } else {
+            String::new()
+        };
+        format!("tp {}{cp} × pp {} × dp {}", self.tp, self.pp, self.dp)
+    }
+
+    /// Tokens of each sequence one rank holds: `seq_len / cp`.
+    pub fn local_seq(&self, model: &ModelSpec) -> u32 {
+        model.seq_len / self.cp.max(1)
+    }
+
+    /// Ranks that hold the same weights and reduce their gradients together (and over which ZeRO
+    /// shards): the data-parallel and context-parallel ranks, `dp · cp`.
+    pub fn dp_cp(&self) -> u32 {
+        self.dp * self.cp
     }
 
     /// Microbatches each pipeline runs per optimizer step (gradient accumulation steps).
@@ -447,6 +480,7 @@ impl ParallelConfig {
             (self.tp, "tp"),
             (self.pp, "pp"),
             (self.dp, "dp"),
+            (self.cp, "cp"),
             (self.micro_batch, "micro-batch"),
             (self.global_batch, "global-batch"),
             (self.virtual_stages, "virtual-stages"),
@@ -464,13 +498,25 @@ impl ParallelConfig {
         if self.fp8 && self.dtype != Dtype::Bf16 {
             return Err(Invalid::Fp8NeedsBf16);
         }
-        if self.tp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
+        if self.tp as u64 * self.cp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
             return Err(Invalid::Product {
                 tp: self.tp,
                 pp: self.pp,
                 dp: self.dp,
+                cp: self.cp,
                 gpus,
             });
+        }
+        if self.cp > 1 {
+            if !self.flash_attention {
+                return Err(Invalid::CpNeedsFlash);
+            }
+            if model.seq_len % (2 * self.cp) != 0 {
+                return Err(Invalid::SeqCp {
+                    seq_len: model.seq_len,
+                    cp: self.cp,
+                });
+            }
         }
         if model.heads % self.tp != 0 {
             return Err(Invalid::TpHeads {
@@ -524,9 +570,9 @@ impl ParallelConfig {
             if self.tp == 1 {
                 return Err(Invalid::SequenceParallelTp1);
             }
-            if model.seq_len % self.tp != 0 {
+            if self.local_seq(model) % self.tp != 0 {
                 return Err(Invalid::SeqTp {
-                    seq_len: model.seq_len,
+                    seq_len: self.local_seq(model),
                     tp: self.tp,
                 });
             }
@@ -543,7 +589,16 @@ impl ParallelConfig {
         }
     }
 
-    /// Rank distance between neighbours of a `d` group: the product of the sizes of the
+    /// Ranks one step of dimension `d` spans in the grid: its size, and for TP the `tp · cp`
+    /// block (the context-parallel ranks sit right outside the tensor-parallel ones).
+    fn span(&self, d: Dim) -> u32 {
+        match d {
+            Dim::Tp => self.tp * self.cp,
+            _ => self.size(d),
+        }
+    }
+
+    /// Rank distance between neighbours of a `d` group: the product of the spans of the
     /// dimensions inside `d` in the rank order.
     pub fn stride(&self, d: Dim) -> u32 {
         let mut s = 1;
@@ -551,21 +606,22 @@ impl ParallelConfig {
             if x == d {
                 return s;
             }
-            s *= self.size(x);
+            s *= self.span(x);
         }
         unreachable!("a RankOrder holds every Dim")
     }
 
-    /// Coordinates (tp, dp, pp) of a global rank.
+    /// Coordinates (tp, dp, pp) of a global rank (its context-parallel coordinate, with cp > 1,
+    /// is `rank / stride(Tp) / tp % cp`).
     pub fn coords(&self, rank: u32) -> (u32, u32, u32) {
         let mut rest = rank;
         let mut c = [0u32; 3];
         for d in self.order.0 {
-            let n = self.size(d);
+            let n = self.span(d);
             let v = rest % n;
             rest /= n;
             match d {
-                Dim::Tp => c[0] = v,
+                Dim::Tp => c[0] = v % self.tp,
                 Dim::Dp => c[1] = v,
                 Dim::Pp => c[2] = v,
             }
@@ -573,7 +629,7 @@ impl ParallelConfig {
         (c[0], c[1], c[2])
     }
 
-    /// Global rank of coordinates (tp, dp, pp).
+    /// Global rank of coordinates (tp, dp, pp), context-parallel coordinate 0.
     pub fn rank(&self, tp: u32, dp: u32, pp: u32) -> u32 {
         let mut r = 0;
         for d in self.order.0.iter().rev() {
@@ -582,7 +638,7 @@ impl ParallelConfig {
                 Dim::Dp => dp,
                 Dim::Pp => pp,
             };
-            r = r * self.size(*d) + v;
+            r = r * self.span(*d) + v;
         }
         r
     }

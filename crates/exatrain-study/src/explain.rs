@@ -61,7 +61,7 @@ pub struct Explanation {
     /// The stack's best layout (None: none of its layouts fits, `why` says so).
     pub stack_best: Option<Point>,
     pub why: Option<String>,
-    /// compute, tp_comm, pp_comm, dp_comm, bubble, optimizer, step.
+    /// compute, tp_comm, pp_comm, cp_comm, dp_comm, bubble, optimizer, step.
     pub terms: Vec<Term>,
     /// What the recommended layout uses that the stack does not run, one phrase each.
     pub needs: Vec<String>,
@@ -87,6 +87,11 @@ fn terms(rec: &Point, other: &Point) -> Vec<Term> {
             name: "pp_comm",
             recommended_s: a.pp_comm,
             stack_s: b.pp_comm,
+        },
+        Term {
+            name: "cp_comm",
+            recommended_s: a.cp_comm,
+            stack_s: b.cp_comm,
         },
         Term {
             name: "dp_comm",
@@ -219,10 +224,11 @@ pub fn sentence(e: &Explanation) -> String {
     if e.needs.is_empty() {
         return format!("{}: runs the recommended layout itself", e.stack.describe());
     }
+    let step = b.plan.step_time_s;
     let moved: Vec<String> = e
         .terms
         .iter()
-        .filter(|t| t.name != "step" && (t.recommended_s - t.stack_s).abs() >= 0.005 * e.terms[6].stack_s)
+        .filter(|t| t.name != "step" && (t.recommended_s - t.stack_s).abs() >= 0.005 * step)
         .map(|t| format!("{} {:+.2} s", t.name, t.recommended_s - t.stack_s))
         .collect();
     format!(

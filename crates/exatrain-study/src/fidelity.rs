@@ -92,13 +92,17 @@ pub struct Fidelity {
     pub summary: Vec<Summary>,
 }
 
-/// A report's layout in one line: tp/pp/dp, micro-batch, ZeRO, recompute, SP, chunks, FP8.
+/// A report's layout in one line: tp/cp/pp/dp, micro-batch, ZeRO, recompute, SP, chunks, FP8.
 fn layout_line(rep: &Value) -> String {
     let l = &rep["layout"];
     let n = |k: &str| l[k].as_u64().map_or("?".into(), |x| x.to_string());
     format!(
-        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · recompute {}{}{}{}",
+        "tp {}{} · pp {} · dp {} · mbs {} · gbs {} · zero {} · recompute {}{}{}{}",
         n("tp"),
+        match l["cp"].as_u64() {
+            Some(c) if c > 1 => format!(" · cp {c}"),
+            _ => String::new(),
+        },
         n("pp"),
         n("dp"),
         n("micro_batch"),

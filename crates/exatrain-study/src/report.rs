@@ -219,8 +219,13 @@ fn esc(s: &str) -> String {
 pub fn layout(p: &Point) -> String {
     let c = &p.config;
     format!(
-        "tp {} · pp {} · dp {} · mbs {} · gbs {} · zero {} · {}{}{}{}",
+        "tp {}{} · pp {} · dp {} · mbs {} · gbs {} · zero {} · {}{}{}{}",
         c.tp,
+        if c.cp > 1 {
+            format!(" · cp {}", c.cp)
+        } else {
+            String::new()
+        },
         c.pp,
         c.dp,
         c.micro_batch,
@@ -317,10 +322,18 @@ pub fn html(study: &Study, json: &str) -> String {
                 let t = &p.plan.time_s;
                 let s = p.plan.step_time_s;
                 time_bars.push(
-                    [t.compute, t.tp_comm, t.pp_comm, t.dp_comm, t.bubble, t.optimizer]
-                        .iter()
-                        .map(|x| 100.0 * x / s)
-                        .collect(),
+                    [
+                        t.compute,
+                        t.tp_comm,
+                        t.pp_comm,
+                        t.cp_comm,
+                        t.dp_comm,
+                        t.bubble,
+                        t.optimizer,
+                    ]
+                    .iter()
+                    .map(|x| 100.0 * x / s)
+                    .collect(),
                 );
                 let mb = &p.plan.memory_bytes;
                 let g = (1u64 << 30) as f64;
@@ -410,7 +423,15 @@ pub fn html(study: &Study, json: &str) -> String {
         "Step time breakdown (strong-scaling layouts)",
         "% of step",
         &bar_labels,
-        &["compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"],
+        &[
+            "compute",
+            "tp_comm",
+            "pp_comm",
+            "cp_comm",
+            "dp_comm",
+            "bubble",
+            "optimizer",
+        ],
         &time_bars,
         None,
     ));

@@ -172,8 +172,9 @@ fn the_report_explains_the_recommendation_against_a_stack_term_by_term() {
     assert!(b.config.zero <= 1 && !b.config.flash_attention, "{:?}", b.config);
     assert!(e.speedup.unwrap() >= 1.0 - 1e-9);
     // the terms are both plans' own, and the step is their sum
-    assert_eq!(e.terms.len(), 7);
-    let sum = |f: fn(&exatrain_study::explain::Term) -> f64| e.terms[..6].iter().map(f).sum::<f64>();
+    assert_eq!(e.terms.len(), 8);
+    assert_eq!(e.terms[7].name, "step");
+    let sum = |f: fn(&exatrain_study::explain::Term) -> f64| e.terms[..7].iter().map(f).sum::<f64>();
     assert!((sum(|t| t.recommended_s) - rec.plan.step_time_s).abs() < 1e-6 * rec.plan.step_time_s);
     assert!((sum(|t| t.stack_s) - b.plan.step_time_s).abs() < 1e-6 * b.plan.step_time_s);
     // what the recommendation uses beyond the stack is named

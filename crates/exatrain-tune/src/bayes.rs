@@ -71,7 +71,7 @@ impl Model {
 /// one doubling of a size, one ZeRO stage, one recompute level, a switch, a rank-order position
 /// each count about as one unit; the bubble fraction varies on a scale of ~0.3.
 const LENGTHS: [f64; LAYOUT_FEATURES + 4] = [
-    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0, 1.0,
+    1.5, 1.5, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 2.0, 1.0, 2.0, 2.0, 2.0, 0.3, 1.5, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0, 1.0,
 ];
 use crate::store::Trial;
 
@@ -184,14 +184,15 @@ impl Encoding {
     /// and 1 when the TP group lies inside a node.
     fn estimates(&self, c: &ParallelConfig) -> [f64; 4] {
         use exatrain_spec::Recompute;
-        let (tp, pp, dp) = (c.tp as f64, c.pp as f64, c.dp as f64);
+        // ZeRO shards over the dp · cp ranks that hold the same weights
+        let (tp, pp, dp) = (c.tp as f64, c.pp as f64, c.dp_cp() as f64);
         let split = |stage: u8| if c.zero >= stage { dp } else { 1.0 };
         let weights = self.params / (tp * pp);
         let stat = weights * (2.0 / split(3) + 2.0 / split(2) + 12.0 / split(1));
         // one layer, one micro-batch: s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes, all of it /t with SP;
         // the attention-score term goes with selective recompute or flash attention; full
         // recompute keeps the block's input only.
-        let sbh = self.seq * c.micro_batch as f64 * self.hidden;
+        let sbh = self.seq / c.cp as f64 * c.micro_batch as f64 * self.hidden;
         let scores = match (c.recompute, c.flash_attention) {
             (Recompute::None, false) => 5.0 * self.heads * self.seq / self.hidden / tp,
             _ => 0.0,
@@ -210,7 +211,7 @@ impl Encoding {
 }
 
 /// Columns of [`features`] read from the layout alone; the four of [`Encoding::estimates`] follow.
-const LAYOUT_FEATURES: usize = 18;
+const LAYOUT_FEATURES: usize = 19;
 /// The column of [`features`] with ln(estimated memory per device / device memory): the third
 /// estimate.
 const MEMORY_FEATURE: usize = LAYOUT_FEATURES + 2;
@@ -238,8 +239,8 @@ pub fn features(c: &ParallelConfig, enc: Option<&Encoding>) -> Vec<f64> {
         // Pipeline bubble fraction (p − 1)/(v·m):
         (c.pp as f64 - 1.0) / (c.virtual_stages as f64 * c.microbatches() as f64),
         // how many ways the weights and the optimizer state are split:
-        l2(c.tp * c.pp) + if c.zero >= 3 { l2(c.dp) } else { 0.0 },
-        l2(c.tp * c.pp) + if c.zero >= 1 { l2(c.dp) } else { 0.0 },
+        l2(c.tp * c.pp) + if c.zero >= 3 { l2(c.dp_cp()) } else { 0.0 },
+        l2(c.tp * c.pp) + if c.zero >= 1 { l2(c.dp_cp()) } else { 0.0 },
         // activation pressure: micro-batch, TP/SP sharding, recomputation, microbatches in flight
         l2(c.micro_batch)
             - l2(c.tp) * if c.sequence_parallel { 1.0 } else { 0.7 }
@@ -249,8 +250,10 @@ pub fn features(c: &ParallelConfig, enc: Option<&Encoding>) -> Vec<f64> {
                 _ => 0.0,
             }
             + l2(c.microbatches().min(c.pp))
-            - l2(c.pp),
+            - l2(c.pp)
+            - l2(c.cp),
         l2(c.microbatches()),
+        l2(c.cp),
     ];
     debug_assert_eq!(f.len(), LAYOUT_FEATURES);
     f.extend(enc.map_or([0.0; 4], |e| e.estimates(c)));
@@ -267,8 +270,8 @@ fn rng_for(seed: u64, proposal: u64) -> fastrand::Rng {
 
 /// The knobs in the order a random layout picks them, each a set of [`features`] columns: tp,
 /// pp, global batch, micro-batch, ZeRO, attention mode (recompute × flash), sequence
-/// parallelism, virtual stages, rank order (dp follows from tp and pp).
-const KNOB_COLUMNS: [&[usize]; 9] = [&[0], &[1], &[4], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12]];
+/// parallelism, virtual stages, rank order, context parallelism (dp follows from tp, pp and cp).
+const KNOB_COLUMNS: [&[usize]; 10] = [&[0], &[1], &[4], &[3], &[5], &[6, 9], &[7], &[8], &[10, 11, 12], &[18]];
 /// The global batch's place in [`KNOB_COLUMNS`]: a local move may always change it, since a
 /// change of dp may leave the old one indivisible.
 const GLOBAL_BATCH_KNOB: usize = 2;

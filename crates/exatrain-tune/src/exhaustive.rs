@@ -42,6 +42,7 @@ pub fn cfg_key(c: &ParallelConfig) -> u128 {
         (c.virtual_stages as u128, 8),
         (c.flash_attention as u128, 1),
         (order, 3),
+        (c.cp as u128, 8),
     ] {
         k = (k << bits) | v;
     }

@@ -2,12 +2,19 @@
 //! once.
 //!
 //! Equivalent configs are dropped at the source: sequence parallelism only with tp > 1, ZeRO > 0
-//! only with dp > 1, interleaving only with pp > 1, selective recomputation not with flash
+//! only with dp · cp > 1, interleaving only with pp > 1, selective recomputation not with flash
 //! attention (flash stores no s×s tensor, so they are the same run), and rank orders that differ
 //! only in where size-1 dimensions sit. By default ([`SpaceSpec::launchable`]) the space also
-//! leaves out ZeRO-2/3 with pipeline parallelism, which no common framework runs.
+//! leaves out ZeRO-2/3 with pipeline parallelism, which no common framework runs. Context
+//! parallelism (`cp` > 1, flash attention only) is considered only while each rank keeps at
+//! least [`CP_MIN_LOCAL_SEQ`] tokens of a sequence: below that its ring exchanges cost more than
+//! the activation memory they save (Megatron-LM recommends it for long sequences).
 
 use exatrain_spec::{Dim, Dtype, Framework, ModelSpec, ParallelConfig, RankOrder, Recompute};
+
+/// The fewest tokens of a sequence a context-parallel rank keeps in the space (4096: with the
+/// default seq_len of 2048-4096 the space has no context parallelism, at 8192 cp ≤ 2).
+pub const CP_MIN_LOCAL_SEQ: u32 = 4096;
 
 /// What to search over; [`SpaceSpec::new`] gives the whole space the planner understands.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -21,6 +28,10 @@ pub struct SpaceSpec {
     /// runs data parallelism only).
     pub max_tp: u32,
     pub max_pp: u32,
+    /// Largest context-parallel size considered (1: none); sizes keep at least
+    /// [`CP_MIN_LOCAL_SEQ`] tokens per rank.
+    #[serde(default = "one")]
+    pub max_cp: u32,
     pub zero: Vec<u8>,
     pub recompute: Vec<Recompute>,
     pub sequence_parallel: Vec<bool>,
@@ -48,6 +59,10 @@ pub struct SpaceSpec {
     pub fp8: bool,
 }
 
+fn one() -> u32 {
+    1
+}
+
 impl SpaceSpec {
     pub fn new(gpus: u32, global_batch: u32) -> Self {
         SpaceSpec {
@@ -56,6 +71,7 @@ impl SpaceSpec {
             max_micro_batch: 16,
             max_tp: u32::MAX,
             max_pp: u32::MAX,
+            max_cp: u32::MAX,
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::ALL.to_vec(),
             sequence_parallel: vec![false, true],
@@ -82,6 +98,7 @@ pub struct Shape {
     pub tp: u32,
     pub pp: u32,
     pub dp: u32,
+    pub cp: u32,
     pub global_batch: u32,
     pub micro_batch: u32,
 }
@@ -117,6 +134,7 @@ impl Options {
             tp,
             pp,
             dp,
+            cp,
             global_batch,
             micro_batch,
         } = self.shape;
@@ -124,6 +142,7 @@ impl Options {
             tp,
             pp,
             dp,
+            cp,
             micro_batch,
             global_batch,
             zero,
@@ -161,17 +180,32 @@ fn distinct_orders(orders: &[RankOrder], tp: u32, pp: u32, dp: u32) -> Vec<RankO
     out
 }
 
-/// The (tp, pp, dp, global batch, micro-batch) shapes that divide the model and the batch.
+/// The context-parallel sizes of the space for a model: 1, and the sizes up to `max_cp` that
+/// split a sequence into `2·cp` equal chunks of at least [`CP_MIN_LOCAL_SEQ`] tokens per rank.
+pub fn cp_sizes(m: &ModelSpec, s: &SpaceSpec) -> Vec<u32> {
+    let with_flash = s.flash_attention.contains(&true);
+    (1..=s.max_cp.min(m.seq_len))
+        .filter(|&cp| cp == 1 || (with_flash && m.seq_len % (2 * cp) == 0 && m.seq_len / cp >= CP_MIN_LOCAL_SEQ))
+        .collect()
+}
+
+/// The (tp, cp, pp, dp, global batch, micro-batch) shapes that divide the model and the batch.
 pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Shape> + 'a {
     let gpus = s.gpus;
     divisors(gpus)
         .filter(move |tp| *tp <= s.max_tp && m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
         .flat_map(move |tp| {
-            divisors(gpus / tp)
-                .filter(move |pp| *pp <= s.max_pp && (m.layers % pp == 0 || (s.uneven && *pp <= m.layers)))
-                .map(move |pp| (tp, pp, gpus / tp / pp))
+            cp_sizes(m, s)
+                .into_iter()
+                .filter(move |cp| (gpus / tp) % cp == 0)
+                .map(move |cp| (tp, cp))
         })
-        .flat_map(move |(tp, pp, dp)| {
+        .flat_map(move |(tp, cp)| {
+            divisors(gpus / tp / cp)
+                .filter(move |pp| *pp <= s.max_pp && (m.layers % pp == 0 || (s.uneven && *pp <= m.layers)))
+                .map(move |pp| (tp, cp, pp, gpus / tp / cp / pp))
+        })
+        .flat_map(move |(tp, cp, pp, dp)| {
             s.global_batches
                 .iter()
                 .filter(move |gb| *gb % dp == 0)
@@ -182,6 +216,7 @@ pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Sh
                             tp,
                             pp,
                             dp,
+                            cp,
                             global_batch: gb,
                             micro_batch,
                         })
@@ -194,10 +229,12 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
         tp,
         pp,
         dp,
+        cp,
         global_batch,
         micro_batch,
     } = shape;
-    let zero: Vec<u8> = if dp == 1 {
+    // ZeRO shards over the dp · cp ranks that hold the same weights
+    let zero: Vec<u8> = if dp * cp == 1 {
         vec![0]
     } else {
         s.zero
@@ -209,12 +246,13 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     let mut attention = Vec::new();
     for &flash in &s.flash_attention {
         for &r in &s.recompute {
-            if !(flash && r == Recompute::Selective) {
+            // context parallelism runs flash attention only
+            if !(flash && r == Recompute::Selective) && (flash || cp == 1) {
                 attention.push((r, flash));
             }
         }
     }
-    let sp: Vec<bool> = if tp == 1 || m.seq_len % tp != 0 {
+    let sp: Vec<bool> = if tp == 1 || (m.seq_len / cp) % tp != 0 {
         vec![false]
     } else {
         s.sequence_parallel.clone()
@@ -236,7 +274,7 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
         attention,
         sp,
         virtual_stages,
-        orders: distinct_orders(&s.orders, tp, pp, dp),
+        orders: distinct_orders(&s.orders, tp * cp, pp, dp),
     }
 }
 

@@ -19,11 +19,12 @@ pub const TERMS: usize = 8;
 
 /// The terms of one layout, per token of the global batch (see the module doc).
 pub fn terms(e: &Encoding, c: &ParallelConfig) -> [f64; TERMS] {
-    let (t, p, d) = (c.tp as f64, c.pp as f64, c.dp as f64);
+    // gradients are reduced, and ZeRO shards, over the dp · cp ranks that hold the same weights
+    let (t, p, d) = (c.tp as f64, c.pp as f64, c.dp_cp() as f64);
     let m = c.microbatches() as f64;
     let v = c.virtual_stages as f64;
     // tokens per microbatch, layers per stage
-    let tokens_mb = c.micro_batch as f64 * e.seq;
+    let tokens_mb = c.micro_batch as f64 * e.seq / c.cp as f64;
     let layers = e.layers / p;
     // microbatch slots on a stage's critical path: m of its own, (p − 1)/v of fill and drain
     let slots = m + (p - 1.0) / v;

@@ -66,7 +66,7 @@ fn space_has_no_duplicates_and_only_valid_distinct_configs() {
             assert!(keys.insert(cfg_key(&c)), "duplicate {c:?}");
             assert!(c.check(&m, gpus).is_ok());
             assert!(!(c.sequence_parallel && c.tp == 1));
-            assert!(!(c.zero > 0 && c.dp == 1));
+            assert!(!(c.zero > 0 && c.dp_cp() == 1));
             assert!(!(c.flash_attention && c.recompute == Recompute::Selective));
             assert!(!(c.virtual_stages > 1 && c.pp == 1));
         }
@@ -539,4 +539,62 @@ fn the_fitted_trend_as_mean_reaches_the_optimum_in_fewer_trials() {
     eprintln!("median trials to within 2 %: {with} with the trend, {without} without");
     assert!(with < without, "{with} with the trend, {without} without");
     assert!(with <= 30.0, "{with}");
+}
+
+#[test]
+fn context_parallelism_enters_the_space_for_long_sequences_only() {
+    use exatrain_spec::Framework;
+    let cp_sizes = |c: &[ParallelConfig]| {
+        let mut v: Vec<u32> = c.iter().map(|c| c.cp).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    // seq 8192: cp 2 keeps 4096 tokens per rank (space::CP_MIN_LOCAL_SEQ), cp 4 would keep 2048
+    let m = presets::model("llama3-8b").unwrap();
+    let s = SpaceSpec {
+        orders: vec![RankOrder::default()],
+        ..SpaceSpec::new(16, 64)
+    };
+    let all: Vec<ParallelConfig> = space::configs(&m, &s).collect();
+    assert_eq!(cp_sizes(&all), vec![1, 2]);
+    for c in all.iter().filter(|c| c.cp > 1) {
+        assert!(c.flash_attention, "{c:?}");
+        assert_eq!(c.gpus(), 16);
+        assert!(c.check(&m, 16).is_ok());
+    }
+    // a layout differing only in cp is a different layout: no key collides
+    let keys: HashSet<u128> = all.iter().map(cfg_key).collect();
+    assert_eq!(keys.len(), all.len());
+    // --max-cp 1, no flash attention, or a framework without ring attention: none
+    let capped = SpaceSpec { max_cp: 1, ..s.clone() };
+    assert_eq!(cp_sizes(&space::configs(&m, &capped).collect::<Vec<_>>()), vec![1]);
+    let no_flash = SpaceSpec {
+        flash_attention: vec![false],
+        ..s.clone()
+    };
+    assert_eq!(cp_sizes(&space::configs(&m, &no_flash).collect::<Vec<_>>()), vec![1]);
+    let ds = SpaceSpec {
+        framework: Some(Framework::MegatronDeepspeed),
+        ..s.clone()
+    };
+    assert_eq!(cp_sizes(&space::configs(&m, &ds).collect::<Vec<_>>()), vec![1]);
+    let tt = SpaceSpec {
+        framework: Some(Framework::Torchtitan),
+        ..s.clone()
+    };
+    let tt_all: Vec<ParallelConfig> = space::configs(&m, &tt).collect();
+    assert_eq!(cp_sizes(&tt_all), vec![1, 2]);
+    assert!(tt_all.iter().filter(|c| c.cp > 1).all(|c| c.zero >= 2));
+    // seq 2048: no context parallelism at all
+    let g = presets::model("gpt-22b").unwrap();
+    let gs = SpaceSpec::new(16, 64);
+    assert!(space::configs(&g, &gs).all(|c| c.cp == 1));
+    // and the Bayesian search can reach a cp layout (its knob tree tells them apart)
+    let space: Vec<ParallelConfig> = all.clone();
+    let feats: HashSet<Vec<u64>> = space
+        .iter()
+        .map(|c| bayes::features(c, None).iter().map(|x| x.to_bits()).collect())
+        .collect();
+    assert_eq!(feats.len(), space.len());
 }
