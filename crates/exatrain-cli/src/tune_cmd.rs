@@ -261,8 +261,9 @@ pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
     Ok(v)
 }
 
-/// The layouts exatrain's trainer runs: fp32, no flash attention, ZeRO 0-2.
+/// The layouts exatrain's trainer runs: fp32, no flash attention, no context parallelism, ZeRO 0-2.
 fn trainer_space(s: &mut SpaceSpec) -> Result<(), SpecError> {
+    s.max_cp = 1;
     if s.fp8 {
         return Err(SpecError::new(
             "--fp8: the trainer runs fp32 (allowed with --evaluator train: no --fp8)",
