@@ -194,12 +194,13 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // kernel of the step before it, so a hop exposes what it outlasts one step (1/cp of the
     // core) by. Under full recomputation the forward's ring runs twice.
     let cpn = p.cp;
+    // a CP group's neighbours are a whole TP group apart
+    let cp_link = group_link(c, cpn, p.stride(Dim::Tp) * tp);
     let (cp_block, cp_bytes_block) = if cpn > 1 {
         let kv_chunk = tokens * 2.0 * m.kv_dim() as f64 / tp as f64 * e;
-        let link = group_link(c, cpn, p.stride(Dim::Tp) * tp);
         let hops = cpn as f64 - 1.0;
-        let fwd_pass = hops * (comm::send_recv(kv_chunk, link) - fwd.core / cpn as f64).max(0.0);
-        let bwd_pass = hops * (comm::send_recv(2.0 * kv_chunk, link) - fwd.core_bwd / cpn as f64).max(0.0);
+        let fwd_pass = hops * (comm::send_recv(kv_chunk, cp_link) - fwd.core / cpn as f64).max(0.0);
+        let bwd_pass = hops * (comm::send_recv(2.0 * kv_chunk, cp_link) - fwd.core_bwd / cpn as f64).max(0.0);
         let fwd_passes = if p.recompute == Recompute::Full { 2.0 } else { 1.0 };
         (fwd_passes * fwd_pass + bwd_pass, (fwd_passes + 2.0) * hops * kv_chunk)
     } else {
@@ -268,9 +269,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let weight_bytes = params_dev * e;
     // the ranks that hold the same weights: dp · cp (Megatron's data-parallel group with context
     // parallelism); its ring runs over the data-parallel ranks' links, or the context-parallel
-    // ones' without data parallelism
+    // ones' without data parallelism. From here on `dp` counts that whole group.
     let dp_link = if dp == 1 && cpn > 1 {
-        group_link(c, cpn, p.stride(Dim::Tp) * tp)
+        cp_link
     } else {
         group_link(c, dp, p.stride(Dim::Dp))
     };
