@@ -7,8 +7,9 @@
 //! only in where size-1 dimensions sit. By default ([`SpaceSpec::launchable`]) the space also
 //! leaves out ZeRO-2/3 with pipeline parallelism, which no common framework runs. Context
 //! parallelism (`cp` > 1, flash attention only) is considered only while each rank keeps at
-//! least [`CP_MIN_LOCAL_SEQ`] tokens of a sequence: below that its ring exchanges cost more than
-//! the activation memory they save (Megatron-LM recommends it for long sequences).
+//! least [`CP_MIN_LOCAL_SEQ`] tokens of a sequence, a pruning as `launchable` is one: shorter
+//! shares run smaller attention kernels and more ring hops for activation memory that TP,
+//! PP and recomputation also save (Megatron-LM recommends CP for long sequences).
 
 use exatrain_spec::{Dim, Dtype, Framework, ModelSpec, ParallelConfig, RankOrder, Recompute};
 
@@ -29,7 +30,8 @@ pub struct SpaceSpec {
     pub max_tp: u32,
     pub max_pp: u32,
     /// Largest context-parallel size considered (1: none); sizes keep at least
-    /// [`CP_MIN_LOCAL_SEQ`] tokens per rank.
+    /// [`CP_MIN_LOCAL_SEQ`] tokens per rank. A search stored before context parallelism was
+    /// modelled reads as 1, so it resumes over the space it started with.
     #[serde(default = "one")]
     pub max_cp: u32,
     pub zero: Vec<u8>,
