@@ -57,6 +57,13 @@ fn the_grid_counts_cp_and_the_checks_name_it() {
         ParallelConfig { cp: 0, ..c }.check(&m, 16),
         Err(Invalid::ZeroSize("cp"))
     );
+    // a product beyond any device count is refused, not wrapped (and `gpus` saturates)
+    let huge = ParallelConfig { cp: 4_000_000_000, ..c };
+    assert_eq!(huge.gpus(), u32::MAX);
+    let e = huge.check(&m, huge.gpus()).unwrap_err();
+    assert!(matches!(e, Invalid::TooManyDevices { .. }));
+    assert!(e.to_string().contains("more than any machine"), "{e}");
+    assert!(plan(&m, &presets::cluster("dgx-h100").unwrap(), &huge).is_err());
 }
 
 #[test]

@@ -80,6 +80,10 @@ pub enum Invalid {
         seq_len: u32,
         tp: u32,
     },
+    /// tp · cp · pp · dp beyond any device count (u32).
+    TooManyDevices {
+        product: u64,
+    },
     /// Context parallelism without flash attention (Transformer Engine's and PyTorch's
     /// context-parallel attention are fused kernels).
     CpNeedsFlash,
@@ -171,6 +175,11 @@ impl fmt::Display for Invalid {
             Invalid::SeqTp { seq_len, tp } => {
                 write!(f, "--sequence-parallel: --tp {tp} does not divide seq_len {seq_len}")
             }
+            Invalid::TooManyDevices { product } => write!(
+                f,
+                "--tp × --cp × --pp × --dp = {product} devices: more than any machine (at most {})",
+                u32::MAX
+            ),
             Invalid::CpNeedsFlash => write!(
                 f,
                 "--cp above 1 needs --flash-attention (context-parallel attention is a fused kernel in Transformer Engine and PyTorch)"

@@ -443,8 +443,14 @@ impl ParallelConfig {
         }
     }
 
+    /// Devices of the layout, `tp · cp · pp · dp` (saturating: [`check`](Self::check) refuses a
+    /// product beyond u32).
     pub fn gpus(&self) -> u32 {
-        self.tp * self.cp * self.pp * self.dp
+        self.product().min(u32::MAX as u64) as u32
+    }
+
+    fn product(&self) -> u64 {
+        self.tp as u64 * self.cp as u64 * self.pp as u64 * self.dp as u64
     }
 
     /// The grid's sizes in words: `tp 4 × pp 8 × dp 32`, with `× cp N` after tp when cp > 1.
@@ -498,7 +504,12 @@ impl ParallelConfig {
         if self.fp8 && self.dtype != Dtype::Bf16 {
             return Err(Invalid::Fp8NeedsBf16);
         }
-        if self.tp as u64 * self.cp as u64 * self.pp as u64 * self.dp as u64 != gpus as u64 {
+        if self.product() > u32::MAX as u64 {
+            return Err(Invalid::TooManyDevices {
+                product: self.product(),
+            });
+        }
+        if self.product() != gpus as u64 {
             return Err(Invalid::Product {
                 tp: self.tp,
                 pp: self.pp,
