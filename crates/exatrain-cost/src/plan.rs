@@ -196,8 +196,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let cpn = p.cp;
     // a CP group's neighbours are a whole TP group apart
     let cp_link = group_link(c, cpn, p.stride(Dim::Tp) * tp);
+    // the keys and values of the rank's tokens, one ring hop's message
+    let kv_chunk = tokens * 2.0 * m.kv_dim() as f64 / tp as f64 * e;
     let (cp_block, cp_bytes_block) = if cpn > 1 {
-        let kv_chunk = tokens * 2.0 * m.kv_dim() as f64 / tp as f64 * e;
         let hops = cpn as f64 - 1.0;
         let fwd_pass = hops * (comm::send_recv(kv_chunk, cp_link) - fwd.core / cpn as f64).max(0.0);
         let bwd_pass = hops * (comm::send_recv(2.0 * kv_chunk, cp_link) - fwd.core_bwd / cpn as f64).max(0.0);
@@ -385,6 +386,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     } else {
         0.0
     };
+    // the ring's transient buffers in one block's backward: the key/value chunk being received
+    // and the one being used, and their gradients' two
+    let working = working + if cpn > 1 { 4.0 * kv_chunk } else { 0.0 };
 
     let sp = if p.sequence_parallel { tp as f64 } else { 1.0 };
     let mask = if m.dropout { 1.0 } else { 0.0 };

@@ -194,4 +194,21 @@ fn weights_are_reduced_and_sharded_over_dp_times_cp() {
     // … and the model FLOPs per device are those of the same device count
     assert!(close(a.model_flops_per_step, b.model_flops_per_step, 1e-12));
     assert!(a.memory_bytes.activations < 0.6 * b.memory_bytes.activations);
+    // the ring's transient buffers (two key/value chunks and their gradients) on top of the
+    // stored activations, which are exactly half of the same layout's on whole sequences
+    let kv = 8192.0 / 2.0 * 2.0 * m.kv_dim() as f64 * 2.0;
+    let one = ParallelConfig { cp: 1, ..c4 };
+    let p1 = plan(&m, &cl, &ParallelConfig { dp: 4, ..one }).unwrap();
+    let half = ParallelConfig { global_batch: 16, ..c4 };
+    let ph = plan(&m, &cl, &half).unwrap();
+    assert!(
+        close(
+            ph.memory_bytes.activations,
+            p1.memory_bytes.activations / 2.0 + 4.0 * kv,
+            1e-9
+        ),
+        "{} vs {}",
+        ph.memory_bytes.activations,
+        p1.memory_bytes.activations / 2.0 + 4.0 * kv
+    );
 }
