@@ -120,6 +120,7 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         model.layers,
         pp * arg_u32(log, "virtual_pipeline_model_parallel_size").unwrap_or(1),
     )?;
+    ring_cp_only(name, log, cp)?;
     let cfg = ParallelConfig {
         zero,
         recompute,
@@ -196,12 +197,31 @@ fn no_partial_recompute(name: &str, log: &FrameworkLog, layers: u32, chunks: u32
     }
 }
 
+/// A log whose context parallelism exchanged keys and values otherwise than the ring the planner
+/// prices (`--cp-comm-type p2p`, Megatron-LM's default): its all-gather or all-to-all variants
+/// are refused, naming the argument.
+fn ring_cp_only(name: &str, log: &FrameworkLog, cp: u32) -> Result<(), SpecError> {
+    // printed as a list, one type per layer group: ['p2p']
+    let other = |t: &str| {
+        t.split(|ch: char| !ch.is_alphanumeric() && ch != '+' && ch != '_')
+            .any(|w| !w.is_empty() && w != "p2p" && w != "None")
+    };
+    match log.args.get("cp_comm_type") {
+        Some(t) if cp > 1 && other(t) => Err(SpecError::new(format!(
+            "log {name}: cp_comm_type {t}: exatrain prices context parallelism as the p2p ring (--cp-comm-type p2p, Megatron-LM's default)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The fields of the argument dump that must equal the run file's.
 fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfig) -> Result<(), SpecError> {
     no_partial_recompute(name, log, m.layers, c.pp * c.virtual_stages)?;
+    ring_cp_only(name, log, c.cp)?;
     // as `exatrain export` passes them: only where the group they act on has more than one rank
+    // (the gradients are reduced over dp · cp)
     for (arg, want) in [
-        ("overlap_grad_reduce", c.overlap_dp && c.dp > 1),
+        ("overlap_grad_reduce", c.overlap_dp && c.dp_cp() > 1),
         ("tp_comm_overlap", c.overlap_tp && c.tp > 1),
         ("sequence_parallel", c.sequence_parallel && c.tp > 1),
     ] {

@@ -356,6 +356,40 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         &[
             ("context_parallel_size", "2"),
             ("attention_backend", "AttnBackend.flash"),
+            ("cp_comm_type", "['p2p']"),
+        ],
+    );
+    // … with a run file and no data parallelism: the gradients are still reduced (over the two
+    // CP ranks), so the dump's overlap_grad_reduce True agrees with it
+    megatron_log_with(
+        &d,
+        "cp-dp1",
+        &[
+            ("world_size", "8"),
+            ("context_parallel_size", "2"),
+            ("attention_backend", "AttnBackend.flash"),
+        ],
+    );
+    with_run_file(
+        &d,
+        "cp-dp1",
+        "llama2-7b",
+        &[
+            "--gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--cp",
+            "2",
+            "--dp",
+            "1",
+            "--global-batch",
+            "64",
+            "--zero",
+            "1",
+            "--flash-attention",
         ],
     );
     let v: serde_json::Value = serde_json::from_str(&ok(exatrain(&[
@@ -373,6 +407,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     };
     assert!(layout("plain").contains("zero 1"), "{v}");
     assert!(layout("cp2").contains("tp 2 · cp 2 · pp 2 · dp 2"), "{v}");
+    assert!(layout("cp-dp1").contains("tp 2 · cp 2 · pp 2 · dp 1"), "{v}");
     assert!(
         layout("fsdp").contains("zero 3"),
         "Megatron-FSDP's optim_grads_params: {v}"
@@ -450,7 +485,21 @@ fn bad_logs_get_one_clear_line() {
             ("recompute_num_layers", "4"),
         ],
     );
+    // context parallelism by all-to-all, which the planner does not price
+    let a2a = megatron_log_with(
+        &d,
+        "a2a",
+        &[
+            ("context_parallel_size", "2"),
+            ("attention_backend", "AttnBackend.flash"),
+            ("cp_comm_type", "['a2a']"),
+        ],
+    );
     for (file, want) in [
+        (
+            a2a,
+            "cp_comm_type ['a2a']: exatrain prices context parallelism as the p2p ring",
+        ),
         (d.join("noise.log"), "no iteration lines of a known format"),
         (titan, "a torchtitan log names no layout"),
         (meg, "ran with tensor_model_parallel_size = 2, but its run file says 4"),
