@@ -114,13 +114,6 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         _ if arg_bool(log, "checkpoint_activations") == Some(true) => Recompute::Full,
         _ => Recompute::None,
     };
-    no_partial_recompute(
-        name,
-        log,
-        model.layers,
-        pp * arg_u32(log, "virtual_pipeline_model_parallel_size").unwrap_or(1),
-    )?;
-    ring_cp_only(name, log, cp)?;
     let cfg = ParallelConfig {
         zero,
         recompute,
@@ -216,8 +209,6 @@ fn ring_cp_only(name: &str, log: &FrameworkLog, cp: u32) -> Result<(), SpecError
 
 /// The fields of the argument dump that must equal the run file's.
 fn check_agrees(name: &str, log: &FrameworkLog, m: &ModelSpec, c: &ParallelConfig) -> Result<(), SpecError> {
-    no_partial_recompute(name, log, m.layers, c.pp * c.virtual_stages)?;
-    ring_cp_only(name, log, c.cp)?;
     // as `exatrain export` passes them: only where the group they act on has more than one rank
     // (the gradients are reduced over dp · cp)
     for (arg, want) in [
@@ -287,6 +278,9 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             )))
         }
     };
+    // what the dump says the run did beyond any layout, whichever file gave the layout
+    no_partial_recompute(&name, &log, model.layers, layout.pp * layout.virtual_stages)?;
+    ring_cp_only(&name, &log, layout.cp)?;
     layout
         .check(&model, layout.gpus())
         .map_err(|e| SpecError::new(format!("log {name}: {e}")))?;
