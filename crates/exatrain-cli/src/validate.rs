@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use exatrain_cost::{flops, plan};
-use exatrain_spec::{load, Framework, ModelFile, ParallelConfig, Recompute, SpecError, StackSwitches};
+use exatrain_spec::{load, Framework, ModelFile, ParallelConfig, Recompute, SpecError, StackSwitches, StageLayers};
 use exatrain_tune::median;
 use serde::{Deserialize, Serialize};
 
@@ -311,10 +311,7 @@ pub fn to_case(run: &Run) -> Result<Case, SpecError> {
                 .map_err(|_| SpecError::new(format!("run {}: interleave `{s}` is not a number or '-'", run.name)))?;
             // the layers (slots, where the split counts the embedding and the loss as layers) of
             // each stage, divided into chunks of `per`
-            let slots = ParallelConfig::new(1, run.pp.max(1), 1, 1, 1)
-                .stage_layers(&model)
-                .ok()
-                .and_then(|st| st.interleave_slots());
+            let slots = StageLayers::default_interleave_slots(&model, run.pp.max(1));
             match slots {
                 Some(slots) if per > 0 && run.pp > 1 && slots % per == 0 => slots / per,
                 _ => {

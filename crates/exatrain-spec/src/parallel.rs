@@ -308,6 +308,16 @@ impl StageLayers {
         }
     }
 
+    /// The interleave slots of each stage of `model`'s default split over `pp` stages (spread as
+    /// evenly as possible, no explicit first/last sizes), or None where that split cannot be
+    /// interleaved or `pp` does not fit the layers.
+    pub fn default_interleave_slots(model: &ModelSpec, pp: u32) -> Option<u32> {
+        ParallelConfig::new(1, pp, 1, 1, 1)
+            .stage_layers(model)
+            .ok()
+            .and_then(|st| st.interleave_slots())
+    }
+
     /// The layers of virtual stage `k` of `pp · v` (chunk `k / pp` of stage `k % pp`); with
     /// `v = 1` the stage's [`range`](Self::range). Interleaved, an even split gives every chunk
     /// `first / v` layers; a split that accounts for the ends gives every chunk `middle / v`

@@ -11,7 +11,7 @@
 //! shares run smaller attention kernels and more ring hops for activation memory that TP,
 //! PP and recomputation also save (Megatron-LM recommends CP for long sequences).
 
-use exatrain_spec::{Dim, Dtype, Framework, ModelSpec, ParallelConfig, RankOrder, Recompute};
+use exatrain_spec::{Dim, Dtype, Framework, ModelSpec, ParallelConfig, RankOrder, Recompute, StageLayers};
 
 /// The fewest tokens of a sequence a context-parallel rank keeps in the space (4096: with the
 /// default seq_len of 2048-4096 the space has no context parallelism, at 8192 cp ≤ 2).
@@ -262,10 +262,7 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
     let microbatches = global_batch / (micro_batch * dp);
     // interleaving needs equal stages, or (Megatron-LM's split that counts the embedding and the
     // loss as layers) inner stages one layer longer than the two ends: the default split's slots
-    let per_stage = ParallelConfig::new(1, pp, 1, 1, 1)
-        .stage_layers(m)
-        .ok()
-        .and_then(|st| st.interleave_slots());
+    let per_stage = StageLayers::default_interleave_slots(m, pp);
     let virtual_stages: Vec<u32> = match per_stage {
         Some(per) if pp > 1 && s.interleave && microbatches % pp == 0 => divisors(per).collect(),
         _ => vec![1],
