@@ -257,7 +257,7 @@ pub struct StackSpec {
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub overlap_p2p: bool,
     /// Whether Megatron-LM reduces and keeps the data-parallel gradients in bf16
-    /// (`--grad-reduce-in-bf16`, which exatrain's export passes when dp > 1; see
+    /// (`--grad-reduce-in-bf16`, which exatrain's export passes when dp · cp > 1; see
     /// [`Framework::dp_reduction`]). false: Megatron-LM's default for bf16, fp32 `main_grad`
     /// buffers and reductions (a log whose arguments print `grad_reduce_in_bf16 False`).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
