@@ -238,13 +238,10 @@ impl RunFile {
     /// Read a run file; the error is one line.
     pub fn parse(text: &str) -> Result<RunFile, String> {
         toml::from_str(text).map_err(|e| {
-            let msg: Vec<String> = e
-                .to_string()
-                .lines()
-                .map(|l| l.trim().to_string())
-                .filter(|l| !l.is_empty())
-                .collect();
-            format!("not a run file (`export --format exatrain`): {}", msg.join(" "))
+            format!(
+                "not a run file (`export --format exatrain`): {}",
+                exatrain_spec::load::toml_error(text, &e)
+            )
         })
     }
 }
