@@ -47,7 +47,8 @@ pub struct CalibrateArgs {
     /// With --fit: the spec to start from (what `exatrain calibrate --out` wrote).
     #[arg(long)]
     pub cluster: Option<String>,
-    /// With --fit: every report must be a run of this model.
+    /// With --fit: every report must be a run of this model. With --fit-runs: only the rows of
+    /// this model are fitted (its preset in the CSV's `model` column, or the row's name).
     #[arg(long)]
     pub model: Option<String>,
     /// What to measure: this machine's CPU (fp32 GEMMs, memory, in-process or MPI collectives)
@@ -83,11 +84,16 @@ fn csv_runs(
         std::fs::read_to_string(path).map_err(|e| SpecError::new(format!("--fit-runs {at}: cannot read: {e}")))?;
     let mut out = Vec::new();
     let mut elsewhere = std::collections::BTreeSet::new();
+    // with --model, the rows of that model: its preset in the `model` column, or its name
+    let mut other_models = std::collections::BTreeSet::new();
+    let mut of_model = 0usize;
     for run in crate::validate::read_runs(&text, &at)? {
-        let c = crate::validate::to_case(&run)?;
-        if model.is_some_and(|m| m != c.model.name) {
+        if model.is_some_and(|m| m != run.model && m != run.name) {
+            other_models.insert(if run.model == "-" { run.name.clone() } else { run.model.clone() });
             continue;
         }
+        of_model += 1;
+        let c = crate::validate::to_case(&run)?;
         // a runs file may hold several machines: each fits its own spec
         if c.cluster.name != cluster {
             elsewhere.insert(c.cluster.name.clone());
@@ -110,6 +116,12 @@ fn csv_runs(
             // the row's softmax, async_tp, bias_fusion and overlap_pp, as validate prices it
             switches: exatrain_spec::StackSwitches::of(&c.cluster.stack),
         });
+    }
+    if let (Some(m), 0) = (model, of_model) {
+        return Err(SpecError::new(format!(
+            "--fit-runs {at}: no row is a run of --model {m} (a row's `model` column or its name; the rows' models: {})",
+            crate::validate::listed(other_models)
+        )));
     }
     if out.is_empty() {
         return Err(SpecError::new(format!(

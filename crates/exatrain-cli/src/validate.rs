@@ -30,6 +30,16 @@ pub struct ValidateArgs {
     pub per_source: bool,
 }
 
+/// Names for a one-line message: the first 12, then how many more.
+pub fn listed(names: impl IntoIterator<Item = String>) -> String {
+    let names: Vec<String> = names.into_iter().collect();
+    let shown = names.iter().take(12).cloned().collect::<Vec<_>>().join(", ");
+    match names.len().saturating_sub(12) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
 /// One measured run (a row of the CSV).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Run {

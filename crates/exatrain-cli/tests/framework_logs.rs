@@ -665,6 +665,38 @@ fn published_runs_fit_the_cluster_they_ran_on() {
         .contains("no run ran on --cluster frontier (its runs ran on: dgx-2h, dgx-h100, jean-zay, selene)"));
     assert!(!d.join("f.toml").exists());
 
+    // --model keeps the rows of that model (the `model` column's preset): the four Llama 3 70B
+    // runs on H100s; a model no row ran is refused, naming the models there are
+    let text = ok(exatrain(&[
+        "calibrate",
+        "--cluster",
+        "dgx-h100",
+        "--model",
+        "llama3-70b",
+        "--fit-runs",
+        csv.to_str().unwrap(),
+        "--out",
+        d.join("l70.toml").to_str().unwrap(),
+    ]));
+    assert!(text.contains("fitted 4 runs"), "{text}");
+    let o = exatrain(&[
+        "calibrate",
+        "--cluster",
+        "dgx-h100",
+        "--model",
+        "gpt-9b",
+        "--fit-runs",
+        csv.to_str().unwrap(),
+        "--out",
+        d.join("g.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("no row is a run of --model gpt-9b"), "{e}");
+    assert!(e.contains(" more)"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(!d.join("g.toml").exists());
+
     // One run is enough for the compute factor alone (one-shot: run briefly, then project), and
     // the spec it writes predicts that run.
     let text = std::fs::read_to_string(&csv).unwrap();
