@@ -182,7 +182,7 @@ fn run_fit(a: &CalibrateArgs) -> Result<(), SpecError> {
     for f in &logs {
         let (run, log) = crate::framework_logs::measured(f, a.model.as_deref())?;
         println!(
-            "{}: {:?} log, {} on {} GPUs, {:.3} s per step (median after {} warm-up iterations)",
+            "{}: {} log, {} on {} GPUs, {:.3} s per step (median after {} warm-up iterations)",
             run.name,
             log.format,
             run.model.name,

@@ -353,7 +353,20 @@ pub fn run_export(a: ExportArgs) -> Result<(), SpecError> {
                 let row = rows
                     .iter()
                     .find(|r| a.nodes.is_none_or(|n| r["nodes"] == n) && !r["strong"].is_null())
-                    .ok_or_else(|| SpecError::new(format!("--from {origin}: no layout for --nodes {:?}", a.nodes)))?;
+                    .ok_or_else(|| {
+                        SpecError::new(match a.nodes {
+                            Some(n) => format!(
+                                "--from {origin}: no layout for --nodes {n} in the study (its node counts: {})",
+                                rows.iter()
+                                    .filter(|r| !r["strong"].is_null())
+                                    .filter_map(|r| r["nodes"].as_u64())
+                                    .map(|n| n.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                            None => format!("--from {origin}: the study has no layout"),
+                        })
+                    })?;
                 let cl = v.get("cluster").and_then(|c| c.as_str()).unwrap_or(&a.cluster);
                 let name = m["model"].as_str().unwrap_or(&a.model);
                 (

@@ -49,6 +49,21 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
     );
     assert!(s.contains(&format!("--pipeline-model-parallel-size {}", row["pp"])));
     assert!(s.contains(&format!("--global-batch-size {}", row["global_batch"])));
+    // a node count the study did not run is refused, naming those it did
+    let out = exatrain(&[
+        "export",
+        "--from",
+        dir.join("study.json").to_str().unwrap(),
+        "--model",
+        "gpt-175b",
+        "--nodes",
+        "3",
+        "--format",
+        "megatron-lm",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no layout for --nodes 3 in the study (its node counts: 128, 384)"), "{err}");
 }
 
 #[test]

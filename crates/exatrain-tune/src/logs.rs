@@ -27,6 +27,17 @@ pub enum LogFormat {
     Torchtitan,
 }
 
+impl std::fmt::Display for LogFormat {
+    /// The framework's name as the command line spells it (`megatron-lm`, …).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogFormat::MegatronLm => "megatron-lm",
+            LogFormat::MegatronDeepspeed => "megatron-deepspeed",
+            LogFormat::Torchtitan => "torchtitan",
+        })
+    }
+}
+
 /// One logged iteration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Iteration {
