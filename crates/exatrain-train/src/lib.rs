@@ -12,6 +12,7 @@ pub mod backend;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
+pub mod flash;
 pub mod guard;
 pub mod hf;
 pub mod kernels;
