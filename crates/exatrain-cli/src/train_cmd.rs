@@ -109,9 +109,17 @@ pub struct TrainArgs {
     /// Pipeline-parallel size (contiguous layers per stage).
     #[arg(long, default_value_t = 1)]
     pub pp: u32,
-    /// Data-parallel size [default: ranks / (tp·pp)].
+    /// Context-parallel size: each sequence split over this many ranks (two load-balanced
+    /// chunks each, keys and values all-gathered for the attention); needs --flash-attention.
+    #[arg(long, default_value_t = 1)]
+    pub cp: u32,
+    /// Data-parallel size [default: ranks / (tp·cp·pp)].
     #[arg(long)]
     pub dp: Option<u32>,
+    /// Flash attention: keep each row's log-sum-exp instead of the T×T probabilities, and
+    /// recompute them in backward (--device cpu).
+    #[arg(long)]
+    pub flash_attention: bool,
     /// ZeRO stage: 0 (replicated), 1 (optimizer state sharded), 2 (gradients sharded too).
     #[arg(long, default_value_t = 0)]
     pub zero: u8,
@@ -160,6 +168,10 @@ pub struct TrainArgs {
     pub mpi: bool,
 }
 
+fn one() -> u32 {
+    1
+}
+
 /// The most in-process ranks (threads) `--ranks` starts.
 const MAX_RANKS: usize = 256;
 
@@ -169,8 +181,12 @@ pub struct RunLayout {
     pub ranks: usize,
     pub tp: u32,
     pub pp: u32,
-    /// None: ranks / (tp·pp)
+    #[serde(default = "one")]
+    pub cp: u32,
+    /// None: ranks / (tp·cp·pp)
     pub dp: Option<u32>,
+    #[serde(default)]
+    pub flash_attention: bool,
     pub zero: u8,
     pub recompute: String,
     pub sequence_parallel: bool,
@@ -191,7 +207,9 @@ impl RunLayout {
             ranks: a.ranks,
             tp: a.tp,
             pp: a.pp,
+            cp: a.cp,
             dp: a.dp,
+            flash_attention: a.flash_attention,
             zero: a.zero,
             recompute: a.recompute.clone(),
             sequence_parallel: a.sequence_parallel,
@@ -207,30 +225,34 @@ impl RunLayout {
 
     /// The planner's layout for this run's batch (the trainer runs fp32).
     fn config(&self, cfg: &TrainConfig) -> Result<ParallelConfig, SpecError> {
-        let cells = (self.tp as usize).max(1) * (self.pp as usize).max(1);
+        let cells = (self.tp as usize).max(1) * (self.cp as usize).max(1) * (self.pp as usize).max(1);
         let dp = match self.dp {
             Some(d) => d,
             None if self.ranks % cells == 0 => (self.ranks / cells) as u32,
             None => {
+                let cp = if self.cp > 1 {
+                    format!(" × --cp {}", self.cp)
+                } else {
+                    String::new()
+                };
                 return Err(SpecError::new(format!(
-                    "{} ranks are not divisible by --tp {} × --pp {}",
+                    "{} ranks are not divisible by --tp {}{cp} × --pp {}",
                     self.ranks, self.tp, self.pp
-                )))
+                )));
             }
         };
         Ok(ParallelConfig {
             tp: self.tp,
             pp: self.pp,
             dp,
-            // the trainer has no context parallelism
-            cp: 1,
+            cp: self.cp,
             micro_batch: cfg.micro_batch as u32,
             global_batch: cfg.global_batch as u32,
             zero: self.zero,
             recompute: self.recompute.parse::<Recompute>()?,
             sequence_parallel: self.sequence_parallel,
             virtual_stages: self.virtual_stages,
-            flash_attention: false,
+            flash_attention: self.flash_attention,
             dtype: Dtype::Fp32,
             // the trainer's GEMMs run in the backend's precision, never FP8
             fp8: false,
@@ -245,7 +267,7 @@ impl RunLayout {
 
     /// One process with nothing to report runs the single-process trainer.
     fn is_single(&self) -> bool {
-        self.ranks == 1 && self.tp == 1 && self.pp == 1 && self.dp.unwrap_or(1) == 1
+        self.ranks == 1 && self.tp == 1 && self.pp == 1 && self.dp.unwrap_or(1) == 1 && self.cp == 1 && !self.flash_attention
     }
 }
 
@@ -317,9 +339,9 @@ pub(crate) fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Res
             a.ranks
         )));
     }
-    if a.dp == Some(0) || a.tp == 0 || a.pp == 0 || a.virtual_stages == 0 {
+    if a.dp == Some(0) || a.tp == 0 || a.pp == 0 || a.cp == 0 || a.virtual_stages == 0 {
         return Err(SpecError::new(
-            "--tp, --pp, --dp and --virtual-stages must be positive integers",
+            "--tp, --cp, --pp, --dp and --virtual-stages must be positive integers",
         ));
     }
     if !(a.comm_timeout.is_finite() && a.comm_timeout > 0.0) {
@@ -405,7 +427,7 @@ pub(crate) fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Res
             "divergence_factor"
         );
         keep_or_change!(given, c, cfg.keep_last, a.keep_last, "keep_last");
-        let before = (layout.ranks, layout.tp, layout.pp);
+        let before = (layout.ranks, layout.tp, layout.pp, layout.cp);
         let ranks = world.unwrap_or(a.ranks);
         if (given.has("ranks") || world.is_some()) && layout.ranks != ranks {
             c.push(format!("ranks {} → {ranks}", layout.ranks));
@@ -413,8 +435,10 @@ pub(crate) fn resolve(a: &TrainArgs, given: &Given, world: Option<usize>) -> Res
         }
         keep_or_change!(given, c, layout.tp, a.tp, "tp");
         keep_or_change!(given, c, layout.pp, a.pp, "pp");
+        keep_or_change!(given, c, layout.cp, a.cp, "cp");
         keep_or_change!(given, c, layout.dp, a.dp, "dp");
-        if before != (layout.ranks, layout.tp, layout.pp) && !given.has("dp") {
+        keep_or_change!(given, c, layout.flash_attention, a.flash_attention, "flash_attention");
+        if before != (layout.ranks, layout.tp, layout.pp, layout.cp) && !given.has("dp") {
             layout.dp = None;
         }
         keep_or_change!(given, c, layout.zero, a.zero, "zero");

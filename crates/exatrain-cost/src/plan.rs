@@ -198,7 +198,17 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let cp_link = group_link(c, cpn, p.stride(Dim::Tp) * tp);
     // the keys and values of the rank's tokens, one ring hop's message
     let kv_chunk = tokens * 2.0 * m.kv_dim() as f64 / tp as f64 * e;
-    let (cp_block, cp_bytes_block) = if cpn > 1 {
+    let (cp_block, cp_bytes_block) = if cpn > 1 && c.stack.framework.is_none() {
+        // the trainer's exchange (no framework): the whole sequence's keys and values
+        // all-gathered before the attention, forward and again for backward (by the full
+        // recomputation's forward, or before the backward), their gradients reduce-scattered;
+        // every collective blocks
+        let whole = cpn as f64 * kv_chunk;
+        (
+            2.0 * comm::all_gather(whole, cpn, cp_link) + comm::reduce_scatter(whole, cpn, cp_link),
+            3.0 * (cpn as f64 - 1.0) * kv_chunk,
+        )
+    } else if cpn > 1 {
         let hops = cpn as f64 - 1.0;
         let fwd_pass = hops * (comm::send_recv(kv_chunk, cp_link) - fwd.core / cpn as f64).max(0.0);
         let bwd_pass = hops * (comm::send_recv(2.0 * kv_chunk, cp_link) - fwd.core_bwd / cpn as f64).max(0.0);

@@ -78,6 +78,12 @@ fn cp_ranks_sit_right_outside_tp_in_the_rank_grid() {
     // a rank of cp coordinate 1 keeps its tp and dp coordinates
     assert_eq!(c.coords(4 + 8), (0, 1, 0));
     assert_eq!(c.coords(5), (1, 0, 0));
+    assert_eq!((c.cp_coord(5), c.cp_coord(4 + 8), c.cp_coord(3)), (1, 1, 0));
+    // every rank is one (tp, cp, dp, pp) and back
+    for r in 0..c.gpus() {
+        let (t, d, p) = c.coords(r);
+        assert_eq!(c.rank_cp(t, c.cp_coord(r), d, p), r);
+    }
     let pp_first: ParallelConfig = ParallelConfig {
         order: "pp-tp-dp".parse().unwrap(),
         ..ParallelConfig::new(4, 2, 1, 1, 2)
@@ -89,6 +95,10 @@ fn cp_ranks_sit_right_outside_tp_in_the_rank_grid() {
     };
     assert_eq!(c2.stride(Dim::Tp), 2);
     assert_eq!(c2.stride(Dim::Dp), 16);
+    for r in 0..c2.gpus() {
+        let (t, d, p) = c2.coords(r);
+        assert_eq!(c2.rank_cp(t, c2.cp_coord(r), d, p), r);
+    }
     // serialized, cp is written only when it is not 1, and read back with 1 as its default
     let one = serde_json::to_string(&layout(1, 1, 2, 2)).unwrap();
     assert!(!one.contains("\"cp\""), "{one}");

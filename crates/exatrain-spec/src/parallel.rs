@@ -650,6 +650,16 @@ impl ParallelConfig {
         (c[0], c[1], c[2])
     }
 
+    /// The context-parallel coordinate of a global rank (0 without context parallelism).
+    pub fn cp_coord(&self, rank: u32) -> u32 {
+        rank / self.stride(Dim::Tp) / self.tp % self.cp
+    }
+
+    /// Global rank of coordinates (tp, cp, dp, pp).
+    pub fn rank_cp(&self, tp: u32, cp: u32, dp: u32, pp: u32) -> u32 {
+        self.rank(tp + cp * self.tp, dp, pp)
+    }
+
     /// Global rank of coordinates (tp, dp, pp), context-parallel coordinate 0.
     pub fn rank(&self, tp: u32, dp: u32, pp: u32) -> u32 {
         let mut r = 0;

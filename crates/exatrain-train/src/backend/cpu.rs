@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::Backend;
+use crate::flash::{self, KeyValues};
 use crate::kernels as k;
 use crate::model::parts;
 use crate::optim::AdamWConfig;
@@ -168,6 +169,38 @@ impl<R: Real> Backend for Cpu<R> {
         nh: usize,
     ) {
         k::attention_backward(dqkv, dout, qkv, att, b, t, c, nh)
+    }
+    fn has_flash(&self) -> bool {
+        true
+    }
+    fn flash_attention_forward(
+        &self,
+        out: &mut [R],
+        lse: &mut [R],
+        qkv: &[R],
+        kv: Option<&[R]>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        flash::flash_attention_forward(out, lse, qkv, kv.unwrap_or(qkv), at, b, c, nh)
+    }
+    fn flash_attention_backward(
+        &self,
+        dqkv: &mut [R],
+        dkv: Option<&mut [R]>,
+        dout: &[R],
+        out: &[R],
+        lse: &[R],
+        qkv: &[R],
+        kv: Option<&[R]>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        flash::flash_attention_backward(dqkv, dkv, dout, out, lse, qkv, kv.unwrap_or(qkv), at, b, c, nh)
     }
     fn gelu_forward(&self, out: &mut [R], inp: &[R]) {
         k::gelu_forward(out, inp)

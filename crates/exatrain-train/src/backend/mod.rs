@@ -30,6 +30,7 @@ pub use cpu::Cpu;
 #[cfg(feature = "cuda")]
 pub use cuda::Cuda;
 
+use crate::flash::KeyValues;
 use crate::optim::AdamWConfig;
 use crate::Real;
 
@@ -187,6 +188,42 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
+    /// Whether the backend has [`crate::flash`]'s kernel pair (the host has; a device without
+    /// it is refused `--flash-attention` and `--cp` before training starts, so the two methods
+    /// below are never called there).
+    fn has_flash(&self) -> bool {
+        false
+    }
+    /// Flash attention over the qkv buffer, or (with `kv`) against a gathered key/value buffer.
+    fn flash_attention_forward(
+        &self,
+        _out: Self::Mut<'_>,
+        _lse: Self::Mut<'_>,
+        _qkv: Self::Ref<'_>,
+        _kv: Option<Self::Ref<'_>>,
+        _at: &KeyValues,
+        _b: usize,
+        _c: usize,
+        _nh: usize,
+    ) {
+        unreachable!("flash attention on a backend without it: refused by has_flash before training")
+    }
+    fn flash_attention_backward(
+        &self,
+        _dqkv: Self::Mut<'_>,
+        _dkv: Option<Self::Mut<'_>>,
+        _dout: Self::Ref<'_>,
+        _out: Self::Ref<'_>,
+        _lse: Self::Ref<'_>,
+        _qkv: Self::Ref<'_>,
+        _kv: Option<Self::Ref<'_>>,
+        _at: &KeyValues,
+        _b: usize,
+        _c: usize,
+        _nh: usize,
+    ) {
+        unreachable!("flash attention on a backend without it: refused by has_flash before training")
+    }
     fn gelu_forward(&self, out: Self::Mut<'_>, inp: Self::Ref<'_>);
     fn gelu_backward(&self, dinp: Self::Mut<'_>, inp: Self::Ref<'_>, dout: Self::Ref<'_>);
     fn residual_forward(&self, out: Self::Mut<'_>, a: Self::Ref<'_>, b: Self::Ref<'_>);

@@ -7,8 +7,9 @@ use std::ops::Range;
 use exatrain_parallel::comm::CommError;
 
 use super::layout::{BlockActs, BlockParams, Dims, GradLayout};
-use super::tp::{seq_gather, seq_reduce, TpGroup};
+use super::tp::{kv_gather, kv_scatter, seq_gather, seq_reduce, TpGroup};
 use crate::backend::Backend;
+use crate::flash::KeyValues;
 
 /// One block's forward over a (B, T) microbatch, reading `input` and writing the block's
 /// activations; a row-parallel layer's bias is added by tp rank 0 (`first`) only, before the
@@ -28,7 +29,7 @@ pub(super) fn block_forward<B: Backend>(
     sp: bool,
     tp: &dyn TpGroup<B::R>,
 ) -> Result<(), CommError> {
-    let [mut ln1, m1, r1, mut ln1f, mut qkv, att, mut atty, mut apf, mut attproj, mut res2, mut ln2, m2, r2, mut ln2f, mut fch, mut fchg, mut fpf, mut fcproj, res3, x] =
+    let [mut ln1, m1, r1, mut ln1f, mut qkv, att, mut kv, mut atty, mut apf, mut attproj, mut res2, mut ln2, m2, r2, mut ln2f, mut fch, mut fchg, mut fpf, mut fcproj, res3, x] =
         B::parts(
             a,
             [
@@ -38,6 +39,7 @@ pub(super) fn block_forward<B: Backend>(
                 &ba.ln1_full,
                 &ba.qkv,
                 &ba.att,
+                &ba.kv,
                 &ba.atty,
                 &ba.attproj_full,
                 &ba.attproj,
@@ -68,7 +70,18 @@ pub(super) fn block_forward<B: Backend>(
         c,
         3 * d.cl,
     );
-    be.attention_forward(B::reborrow(&mut atty), att, B::read(&qkv), b, t, d.cl, d.nh);
+    if d.flash {
+        let at = key_values(d, t);
+        let kv = if d.cp > 1 {
+            kv_gather(be, tp, (b, t, d.cl, d.cp), B::read(&qkv), B::reborrow(&mut kv))?;
+            Some(B::read(&kv))
+        } else {
+            None
+        };
+        be.flash_attention_forward(B::reborrow(&mut atty), att, B::read(&qkv), kv, &at, b, d.cl, d.nh);
+    } else {
+        be.attention_forward(B::reborrow(&mut atty), att, B::read(&qkv), b, t, d.cl, d.nh);
+    }
     let (atty, projb) = (B::read(&atty), bias(&bp.projb));
     be.matmul_forward(B::reborrow(&mut apf), atty, w(&bp.projw), projb, d.cl, c);
     seq_reduce(be, tp, sp, apf, B::reborrow(&mut attproj))?; // g
@@ -118,15 +131,21 @@ pub(super) fn block_backward<B: Backend>(
     let c = d.c;
     {
         // the column-parallel GEMMs' inputs again (sequence parallel: gathered again)
-        let [ln1, ln1_full, ln2, ln2_full] = B::parts(a, [&ba.ln1, &ba.ln1_full, &ba.ln2, &ba.ln2_full]);
+        let [ln1, ln1_full, ln2, ln2_full, qkv, kv] =
+            B::parts(a, [&ba.ln1, &ba.ln1_full, &ba.ln2, &ba.ln2_full, &ba.qkv, &ba.kv]);
         seq_gather(be, tp, sp, B::read(&ln2), ln2_full)?;
         seq_gather(be, tp, sp, B::read(&ln1), ln1_full)?;
+        if d.flash && d.cp > 1 && !d.full {
+            // the whole sequence's keys and values again (full recomputation's forward just
+            // gathered them)
+            kv_gather(be, tp, (b, t, d.cl, d.cp), B::read(&qkv), kv)?;
+        }
     }
     let a = &*a;
     // this block's scratch and the input gradient start from zero (kernels accumulate)
     be.zero(dd, &gl.block_scratch());
     be.zero(dd, &gl.dres[1 - cur]);
-    let [mut dln1_full, mut dln1, mut dqkv, mut datty, mut dattproj_full, mut dattproj, mut dres2, mut dln2_full, mut dln2, mut dfch, mut dfchg, mut dfcproj_full, mut dfcproj, dres3, mut dx] =
+    let [mut dln1_full, mut dln1, mut dqkv, mut datty, mut dattproj_full, mut dattproj, mut dres2, mut dln2_full, mut dln2, mut dfch, mut dfchg, mut dfcproj_full, mut dfcproj, mut dkv, dres3, mut dx] =
         B::parts(
             dd,
             [
@@ -143,6 +162,7 @@ pub(super) fn block_backward<B: Backend>(
                 &gl.dfchg,
                 &gl.dfcproj_full,
                 &gl.dfcproj,
+                &gl.dkv,
                 &gl.dres[cur],
                 &gl.dres[1 - cur],
             ],
@@ -219,7 +239,17 @@ pub(super) fn block_backward<B: Backend>(
         c,
     );
     let (qkv, att) = (x(&ba.qkv), x(&ba.att));
-    be.attention_backward(B::reborrow(&mut dqkv), B::read(&datty), qkv, att, b, t, d.cl, d.nh);
+    if d.flash {
+        let at = key_values(d, t);
+        let (out, kv) = (x(&ba.atty), (d.cp > 1).then(|| x(&ba.kv)));
+        let dkv_mut = (d.cp > 1).then(|| B::reborrow(&mut dkv));
+        be.flash_attention_backward(B::reborrow(&mut dqkv), dkv_mut, B::read(&datty), out, att, qkv, kv, &at, b, d.cl, d.nh);
+        if d.cp > 1 {
+            kv_scatter(be, tp, (b, t, d.cl, d.cp), B::read(&dkv), B::reborrow(&mut dqkv))?;
+        }
+    } else {
+        be.attention_backward(B::reborrow(&mut dqkv), B::read(&datty), qkv, att, b, t, d.cl, d.nh);
+    }
     let (ln1_full, qkvw) = (x(&ba.ln1_full), w(&bp.qkvw));
     be.matmul_backward(
         B::reborrow(&mut dln1_full),
@@ -235,4 +265,15 @@ pub(super) fn block_backward<B: Backend>(
     let (m1, r1) = (x(&ba.ln1_mean), x(&ba.ln1_rstd));
     be.layernorm_backward(dx, dln1w, dln1b, B::read(&dln1), x(input), w(&bp.ln1w), m1, r1, c);
     Ok(())
+}
+
+/// Which keys the rank's T query rows see: its own rows without context parallelism, else the
+/// whole sequence's (cp·T rows, gathered) with its rows at their global positions.
+fn key_values(d: &Dims, t: usize) -> KeyValues {
+    if d.cp > 1 {
+        let tk = d.cp * t;
+        KeyValues::gathered(tk, d.cl, crate::flash::cp_positions(tk, d.cp, d.cp_rank))
+    } else {
+        KeyValues::own(t, d.cl)
+    }
 }

@@ -83,6 +83,13 @@ pub struct Part {
     /// of the rows (tokens), gathered before and reduce-scattered after each parallel region
     pub sp: bool,
     pub recompute: Recompute,
+    /// flash attention: no T×T probabilities kept, each row's log-sum-exp instead ([`crate::flash`])
+    pub flash: bool,
+    /// context-parallel size and this rank's index in its group: the part's activations hold
+    /// the rank's T/cp tokens of each sequence ([`crate::flash::cp_positions`]), each block
+    /// gathers the whole sequence's keys and values over the group
+    pub cp: usize,
+    pub cp_rank: usize,
 }
 
 impl Part {
@@ -95,6 +102,9 @@ impl Part {
             tp_rank: 0,
             sp: false,
             recompute: Recompute::None,
+            flash: false,
+            cp: 1,
+            cp_rank: 0,
         }
     }
 
@@ -109,6 +119,13 @@ impl Part {
             if t == 0 || n % t != 0 {
                 return Err(SpecError::new(format!("--tp {t} does not divide {n} {what}")));
             }
+        }
+        let cp = self.cp;
+        if cp == 0 || self.cp_rank >= cp || (cp > 1 && (!self.flash || s.max_seq % (2 * cp) != 0)) {
+            return Err(SpecError::new(format!(
+                "part: context-parallel rank {} of --cp {} needs flash attention and a sequence of {} that splits into 2·cp chunks",
+                self.cp_rank, self.cp, s.max_seq
+            )));
         }
         if self.layers.end > s.layers || self.tp_rank >= t {
             return Err(SpecError::new(format!(
@@ -135,6 +152,12 @@ pub(super) struct Dims {
     pub(super) vl: usize,
     pub(super) vlo: usize,
     pub(super) valid: usize,
+    /// flash attention, and the context-parallel size and rank (see [`Part`])
+    pub(super) flash: bool,
+    pub(super) cp: usize,
+    pub(super) cp_rank: usize,
+    /// full recomputation: backward runs the block's forward again first
+    pub(super) full: bool,
 }
 
 impl Dims {
@@ -149,6 +172,10 @@ impl Dims {
             vl,
             vlo,
             valid: s.vocab.saturating_sub(vlo).min(vl),
+            flash: p.flash,
+            cp: p.cp,
+            cp_rank: p.cp_rank,
+            full: p.recompute == Recompute::Full,
         }
     }
 }
@@ -354,7 +381,8 @@ impl ParamLayout {
     }
 }
 
-/// One block's activations for a (B, T) microbatch, N = B·T (local shapes as in [`BlockParams`]).
+/// One block's activations for a (B, T) microbatch, N = B·T (local shapes as in [`BlockParams`];
+/// under context parallelism T is the rank's T/cp tokens of each sequence).
 /// Under recomputation the tensors not kept point into a scratch region shared by all blocks
 /// and microbatches, refilled in backward.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -366,7 +394,10 @@ pub struct BlockActs {
     pub ln1_rstd: Range<usize>,     // [R]
     pub ln1_full: Range<usize>,     // [N, C]  (scratch: gathered again in backward)
     pub qkv: Range<usize>,          // [N, 3Cl]
-    pub att: Range<usize>,          // [B, NH/tp, T, T]  (scratch under selective recompute)
+    pub att: Range<usize>,          // [B, NH/tp, T, T]  (scratch under selective recompute); flash
+                                    //          attention: [B, NH/tp, T], each row's log-sum-exp
+    pub kv: Range<usize>,           // [B, cp·T, 2Cl] the whole sequence's keys and values (cp > 1;
+                                    //          scratch: gathered again in backward)
     pub atty: Range<usize>,         // [N, Cl]
     pub attproj_full: Range<usize>, // [N, C]  (scratch)
     pub attproj: Range<usize>,      // [R, C]  (scratch)
@@ -392,6 +423,7 @@ pub struct ActLayout {
     /// rows of the residual stream on this rank (N/tp under sequence parallelism)
     pub rows: usize,
     pub enc_full: Range<usize>, // [N, C] the embedding's partial sums (scratch)
+    pub enc_pos: Range<usize>,  // [T, C] the position rows of the rank's tokens (cp > 1; scratch)
     pub encoded: Range<usize>,  // [R, C] the part's input: the embedding, or what the previous stage sent
     pub blocks: Vec<BlockActs>,
     pub lnf: Range<usize>,      // [R, C]
@@ -428,6 +460,7 @@ impl ActLayout {
         let mut scratch_len = 0;
         let mut enc_scratch = Cursor(scratch_base);
         let enc_full = enc_scratch.take(if part.embed { n * c } else { 0 });
+        let enc_pos = enc_scratch.take(if part.embed && part.cp > 1 { t * c } else { 0 });
         scratch_len = scratch_len.max(enc_scratch.0 - scratch_base);
         let encoded = k.take(r * c);
         let last = part.layers.len().saturating_sub(1);
@@ -448,7 +481,14 @@ impl ActLayout {
                     ln1_rstd: take(r, !full),
                     ln1_full: take(n * c, false),
                     qkv: take(n * 3 * cl, !full),
-                    att: take(b * d.nh * t * t, !full && !sel),
+                    // flash attention keeps its log-sum-exp whatever the recomputation, as the
+                    // planner prices it (nothing of the core to recompute)
+                    att: if part.flash {
+                        take(b * d.nh * t, !full)
+                    } else {
+                        take(b * d.nh * t * t, !full && !sel)
+                    },
+                    kv: take(if part.cp > 1 { b * part.cp * t * 2 * cl } else { 0 }, false),
                     atty: take(n * cl, !full),
                     // the projections' outputs are only added into the residual stream: backward
                     // never reads them, so they live in the scratch
@@ -480,6 +520,7 @@ impl ActLayout {
             t,
             rows: r,
             enc_full,
+            enc_pos,
             encoded,
             blocks,
             lnf: k.take(h(r * c)),
@@ -534,6 +575,8 @@ pub struct GradLayout {
     pub dfchg: Range<usize>,         // [N, Fl]
     pub dfcproj_full: Range<usize>,  // [N, C]
     pub dfcproj: Range<usize>,       // [R, C]
+    pub dkv: Range<usize>,           // [B, cp·T, 2Cl] the keys' and values' gradients (cp > 1)
+    pub dwpe: Range<usize>,          // [T, C] the rank's position rows' gradient (cp > 1)
     pub total: usize,
 }
 
@@ -568,6 +611,8 @@ impl GradLayout {
             dfchg: k.take(n * f),
             dfcproj_full: k.take(n * c),
             dfcproj: k.take(r * c),
+            dkv: k.take(if part.cp > 1 { b * part.cp * t * 2 * cl } else { 0 }),
+            dwpe: k.take(if part.cp > 1 && part.embed { t * c } else { 0 }),
             total: k.0,
         }
     }

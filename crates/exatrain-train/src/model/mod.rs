@@ -234,8 +234,23 @@ impl<B: Backend> Model<B> {
         let pl = &self.layout;
         let a = &mut self.acts;
         if part.embed {
-            let [mut full, out] = B::parts(a, [&la.enc_full, &la.encoded]);
-            let wpe = first.then(|| B::view(p, &pl.wpe));
+            let [mut full, out, mut rows] = B::parts(a, [&la.enc_full, &la.encoded, &la.enc_pos]);
+            let wpe = match (first, d.cp > 1) {
+                (false, _) => None,
+                (true, false) => Some(B::view(p, &pl.wpe)),
+                (true, true) => {
+                    // the position rows of this rank's tokens
+                    let pos = crate::flash::cp_positions(d.cp * t, d.cp, d.cp_rank);
+                    be.with_host(B::view(p, &pl.wpe), |w| {
+                        be.with_host_mut(B::reborrow(&mut rows), |r| {
+                            for (i, q) in pos.iter().enumerate() {
+                                r[i * d.c..(i + 1) * d.c].copy_from_slice(&w[q * d.c..(q + 1) * d.c]);
+                            }
+                        })
+                    });
+                    Some(B::read(&rows))
+                }
+            };
             be.encoder_forward(B::reborrow(&mut full), tokens, B::view(p, &pl.wte), d.vlo, wpe, t, d.c);
             seq_reduce(be, tp, sp, full, out)?; // g: the vocabulary shards' partial embeddings
         } else {
@@ -395,6 +410,8 @@ impl<B: Backend> Model<B> {
             let input = la.block_input(l);
             match part.recompute {
                 Recompute::Full => block_forward(be, p, bp, &mut self.acts, ba, &input, &d, b, t, first, sp, tp)?,
+                // flash attention keeps nothing of its core to recompute
+                Recompute::Selective if d.flash => {}
                 Recompute::Selective => {
                     // the attention core again, into its scratch (atty is rewritten with the same values)
                     let [atty, att, qkv] = B::parts(&mut self.acts, [&ba.atty, &ba.att, &ba.qkv]);
@@ -408,11 +425,27 @@ impl<B: Backend> Model<B> {
             ready(be, g, bp.ln1w.start)?; // this block's gradients are final for the microbatch
         }
         if part.embed {
+            be.zero(dd, &gl.dwpe);
             let [dwte, dwpe] = B::parts(g, [&pl.wte, &pl.wpe]);
-            let [dres, mut dfull] = B::parts(dd, [&gl.dres[cur], &gl.denc_full]);
+            let [dres, mut dfull, mut drows] = B::parts(dd, [&gl.dres[cur], &gl.denc_full, &gl.dwpe]);
             seq_gather(be, tp, sp, B::read(&dres), B::reborrow(&mut dfull))?; // g's backward
-                                                                              // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
-            be.encoder_backward(dwte, d.vlo, Some(dwpe), B::read(&dfull), &sl.tokens, t, c);
+            // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
+            if d.cp > 1 {
+                // the rank's position rows, then added at their positions
+                be.encoder_backward(dwte, d.vlo, Some(B::reborrow(&mut drows)), B::read(&dfull), &sl.tokens, t, c);
+                let pos = crate::flash::cp_positions(d.cp * t, d.cp, d.cp_rank);
+                be.with_host(B::read(&drows), |r| {
+                    be.with_host_mut(dwpe, |w| {
+                        for (i, q) in pos.iter().enumerate() {
+                            for (x, y) in w[q * c..(q + 1) * c].iter_mut().zip(&r[i * c..(i + 1) * c]) {
+                                *x = *x + *y;
+                            }
+                        }
+                    })
+                });
+            } else {
+                be.encoder_backward(dwte, d.vlo, Some(dwpe), B::read(&dfull), &sl.tokens, t, c);
+            }
         }
         be.check()?;
         ready(be, g, 0)?;

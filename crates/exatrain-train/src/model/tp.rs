@@ -12,7 +12,7 @@ use crate::Real;
 /// places `all_reduce` is called: **g** after a row-parallel layer (forward: all-reduce the
 /// partial sums, backward: identity) and **f** before a column-parallel one (forward: identity,
 /// backward: all-reduce the input gradient).
-pub trait TpGroup<R> {
+pub trait TpGroup<R: Copy> {
     fn size(&self) -> usize;
     /// Sum over the group, in place (activation traffic: the planner's TP bytes).
     fn all_reduce(&self, buf: &mut [R]) -> Result<(), CommError>;
@@ -26,6 +26,19 @@ pub trait TpGroup<R> {
     fn max_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
     /// Sum of the cross-entropy's per-row statistics (2N values, not metered).
     fn sum_stats(&self, buf: &mut [R]) -> Result<(), CommError>;
+    /// The context-parallel group's key/value exchange, forward: `full` [cp · mine.len()] ends
+    /// as every CP rank's keys and values in rank order (the planner's CP bytes). The identity
+    /// without context parallelism.
+    fn cp_all_gather(&self, mine: &[R], full: &mut [R]) -> Result<(), CommError> {
+        full.copy_from_slice(mine);
+        Ok(())
+    }
+    /// Backward of [`TpGroup::cp_all_gather`]: `mine` ends as this CP rank's chunk of the sum of
+    /// the ranks' `full` (every rank's queries saw every rank's keys).
+    fn cp_reduce_scatter(&self, full: &[R], mine: &mut [R]) -> Result<(), CommError> {
+        mine.copy_from_slice(full);
+        Ok(())
+    }
 }
 
 /// No tensor parallelism: every collective is the identity.
@@ -52,6 +65,75 @@ impl<R: Real> TpGroup<R> for Alone {
     fn sum_stats(&self, _: &mut [R]) -> Result<(), CommError> {
         Ok(())
     }
+}
+
+/// Context parallelism, forward: the whole sequence's keys and values `kv` [B, cp·T, 2Cl], in
+/// global order, from every CP rank's K and V rows of its `qkv` [B, T, 3Cl] (rank r's rows sit at
+/// `cp_positions(cp·T, cp, r)`).
+pub(super) fn kv_gather<B: Backend>(
+    be: &B,
+    g: &dyn TpGroup<B::R>,
+    (b, t, cl, cp): (usize, usize, usize, usize),
+    qkv: B::Ref<'_>,
+    kv: B::Mut<'_>,
+) -> Result<(), CommError> {
+    let w = 2 * cl;
+    let mut mine = vec![<B::R as num_traits::Zero>::zero(); b * t * w];
+    be.with_host(qkv, |q| {
+        for (n, row) in mine.chunks_mut(w).enumerate() {
+            row.copy_from_slice(&q[n * 3 * cl + cl..(n + 1) * 3 * cl]);
+        }
+    });
+    let mut all = vec![<B::R as num_traits::Zero>::zero(); cp * mine.len()];
+    g.cp_all_gather(&mine, &mut all)?;
+    let tk = cp * t;
+    be.with_host_mut(kv, |kv| {
+        for r in 0..cp {
+            for (i, p) in crate::flash::cp_positions(tk, cp, r).into_iter().enumerate() {
+                for bi in 0..b {
+                    let src = (r * b * t + bi * t + i) * w;
+                    let dst = (bi * tk + p) * w;
+                    kv[dst..dst + w].copy_from_slice(&all[src..src + w]);
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Context parallelism, backward: every rank's gradients of the whole sequence's keys and
+/// values `dkv` [B, cp·T, 2Cl] summed over the group, this rank's rows added into the K and V
+/// parts of its `dqkv` [B, T, 3Cl].
+pub(super) fn kv_scatter<B: Backend>(
+    be: &B,
+    g: &dyn TpGroup<B::R>,
+    (b, t, cl, cp): (usize, usize, usize, usize),
+    dkv: B::Ref<'_>,
+    dqkv: B::Mut<'_>,
+) -> Result<(), CommError> {
+    let (w, tk) = (2 * cl, cp * t);
+    let mut all = vec![<B::R as num_traits::Zero>::zero(); cp * b * t * w];
+    be.with_host(dkv, |d| {
+        for r in 0..cp {
+            for (i, p) in crate::flash::cp_positions(tk, cp, r).into_iter().enumerate() {
+                for bi in 0..b {
+                    let dst = (r * b * t + bi * t + i) * w;
+                    let src = (bi * tk + p) * w;
+                    all[dst..dst + w].copy_from_slice(&d[src..src + w]);
+                }
+            }
+        }
+    });
+    let mut mine = vec![<B::R as num_traits::Zero>::zero(); b * t * w];
+    g.cp_reduce_scatter(&all, &mut mine)?;
+    be.with_host_mut(dqkv, |dq| {
+        for (n, row) in mine.chunks(w).enumerate() {
+            for (x, y) in dq[n * 3 * cl + cl..(n + 1) * 3 * cl].iter_mut().zip(row) {
+                *x = *x + *y;
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Megatron's f before a column-parallel region, forward (and g's backward): under sequence

@@ -57,6 +57,13 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let (tp_i, dp_i, pp_i) = pc.coords(world.rank() as u32);
     let (tp_i, dp_i, pp_i) = (tp_i as usize, dp_i as usize, pp_i as usize);
     let (pp, dp, v) = (pc.pp as usize, pc.dp as usize, pc.virtual_stages as usize);
+    // context parallelism: this rank holds T/cp tokens of each of its data-parallel rank's
+    // sequences; the weights are shared (and reduced, and ZeRO-sharded) over dp · cp ranks
+    let (cp, cp_i) = (pc.cp as usize, pc.cp_coord(world.rank() as u32) as usize);
+    let (dpc, dpc_i) = (dp * cp, dp_i * cp + cp_i);
+    if (pc.flash_attention || cp > 1) && !be.has_flash() {
+        return Err(SpecError::new("--flash-attention and --cp run on --device cpu: this backend has no flash attention kernels").into());
+    }
     let stages = pp * v;
     // the layers of each (virtual) stage as the planner splits them
     let split = pc.stage_layers(spec).map_err(|e| SpecError::new(e.to_string()))?;
@@ -101,15 +108,18 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                 tp_rank: tp_i,
                 sp: pc.sequence_parallel,
                 recompute: pc.recompute,
+                flash: pc.flash_attention,
+                cp,
+                cp_rank: cp_i,
             };
             let mut model = Model::init(be.clone(), shape, &part, cfg.seed);
-            model.prepare(cfg.micro_batch, shape.max_seq, slots[c]);
-            let regions = Regions::new(&model.layout, dp, opts.bucket_elems);
+            model.prepare(cfg.micro_batch, shape.max_seq / cp, slots[c]);
+            let regions = Regions::new(&model.layout, dpc, opts.bucket_elems);
             let decayed = model.layout.decayed();
             let pieces: Vec<Range<usize>> = if zero == 0 {
                 vec![0..model.layout.total]
             } else {
-                (0..regions.regions.len()).map(|k| regions.piece(k, dp_i)).collect()
+                (0..regions.regions.len()).map(|k| regions.piece(k, dpc_i)).collect()
             };
             let opts = pieces
                 .into_iter()
@@ -168,9 +178,11 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
 
     // --- meters: what passes through each group
     let tp_act = Metered::new(&*g.tp);
+    let cpm = Metered::new(&*g.cp);
     let tpc = TpComm {
         act: &tp_act,
         stats: &*g.tp,
+        cp: &cpm,
     };
     let pp_send = Metered::new(&*g.pp);
     let pp_recv = Metered::new(&*g.pp);
@@ -178,11 +190,15 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let dpm = Metered::new(&*g.dp);
     let embm = Metered::new(&*g.embedding);
 
-    let t = shape.max_seq;
+    // the rank's tokens of each sequence (all of them without context parallelism)
+    let (seq, t) = (shape.max_seq, shape.max_seq / cp);
+    let positions = crate::flash::cp_positions(seq, cp, cp_i);
     let n_act = cfg.micro_batch * t * shape.channels;
     let per_rank = cfg.global_batch / dp;
-    let scale = 1.0 / (m * dp) as f32;
+    // each rank's mean loss is over its own tokens: the ranks of a sequence share it equally
+    let scale = 1.0 / (m * dp * cp) as f32;
     let (mut tokens, mut targets) = (Vec::new(), Vec::new());
+    let (mut whole_tokens, mut whole_targets) = (Vec::new(), Vec::new());
     // Megatron's scatter-gather: each tp rank sends its 1/tp slice of the activations across
     // stages, the receiving stage all-gathers them over its tp group.
     // Under sequence parallelism the boundary tensor already is this rank's rows: sent as is.
@@ -227,10 +243,18 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                         cfg.seed,
                         first + mb * cfg.micro_batch as u64,
                         cfg.micro_batch,
-                        t,
-                        &mut tokens,
-                        &mut targets,
+                        seq,
+                        &mut whole_tokens,
+                        &mut whole_targets,
                     );
+                    let mine = |whole: &[u32], out: &mut Vec<u32>| {
+                        out.clear();
+                        for row in whole.chunks(seq) {
+                            out.extend(positions.iter().map(|&p| row[p]));
+                        }
+                    };
+                    mine(&whole_tokens, &mut tokens);
+                    mine(&whole_targets, &mut targets);
                     let input = if s > 0 {
                         recv_activation(&pp_recv, gather_n, prev, 2 * s as u32, &mut part_buf, &mut buf)
                             .map_err(comm_err)?;
@@ -272,7 +296,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                     }
                     let ch = &mut chunks[ci];
                     // (one data-parallel rank and ZeRO-0: nothing to reduce)
-                    let reduce = (zero == 2 || si == last_backward[ci]) && (dp > 1 || zero > 0);
+                    let reduce = (zero == 2 || si == last_backward[ci]) && (dpc > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
                     let mut next = regions.regions.len(); // buckets ≥ next are started
                     let mut start = |be: &B, g: &B::Buf, from: usize| -> Result<(), CommError> {
@@ -293,7 +317,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                     if !overlap {
                         start(&model.be, &model.grads, 0).map_err(comm_err)?;
                     }
-                    let staged = |p: &(usize, usize, Started)| chunks[p.0].regions.staged(p.1, zero, dp);
+                    let staged = |p: &(usize, usize, Started)| chunks[p.0].regions.staged(p.1, zero, dpc);
                     staged_peak = staged_peak.max(pending.iter().map(staged).sum());
                     if !overlap {
                         finish(&mut pending, None, &mut chunks, &dpm, zero).map_err(comm_err)?;
@@ -350,21 +374,21 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
         for ch in &chunks {
             let be = &ch.model.be;
             if zero == 0 {
-                if dp_i == 0 {
+                if dpc_i == 0 {
                     let all = 0..ch.model.layout.total;
                     sq += be.with_host(B::view(&ch.model.grads, &all), |g| counted_sq(g, &ch.counted));
                 }
             } else {
                 for k in 0..ch.regions.regions.len() {
-                    let p = ch.regions.piece(k, dp_i);
+                    let p = ch.regions.piece(k, dpc_i);
                     let mine = B::view(&ch.shard_grads[k], &(0..p.len()));
                     sq += be.with_host(mine, |g| counted_sq(g, &ch.counted[p]));
                 }
             }
         }
-        // loss from the last stage's tp rank 0 of each dp rank, averaged over dp
+        // loss from the last stage's tp rank 0 of each dp and cp rank, averaged over them
         let head_here = chunks.iter().any(|c| c.model.part().head) && tp_i == 0;
-        let mut red = [sq as f32, if head_here { (loss / dp as f64) as f32 } else { 0.0 }];
+        let mut red = [sq as f32, if head_here { (loss / dpc as f64) as f32 } else { 0.0 }];
         let t_red = Instant::now();
         world.all_reduce(&mut red).map_err(comm_err)?;
         let red_s = t_red.elapsed().as_secs_f64();
@@ -413,27 +437,29 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
             for ch in &mut chunks {
                 for k in 0..ch.regions.regions.len() {
                     let (r, s) = ch.regions.regions[k].clone();
-                    let p = ch.regions.piece(k, dp_i);
+                    let p = ch.regions.piece(k, dpc_i);
                     let mut send = vec![0.0f32; s];
                     let be = &ch.model.be;
                     be.with_host(B::view(&ch.model.params, &p), |x| send[..p.len()].copy_from_slice(x));
-                    let mut out = vec![0.0f32; s * dp];
+                    let mut out = vec![0.0f32; s * dpc];
                     dpm.all_gather(&send, &mut out).map_err(comm_err)?;
                     let [dst] = B::parts(&mut ch.model.params, [&r]);
                     be.with_host_mut(dst, |d| d.copy_from_slice(&out[..r.len()]));
                 }
             }
         }
-        let (mt, ms, mr, md, me, mg): (Meter, Meter, Meter, Meter, Meter, Meter) = (
+        let (mt, ms, mr, md, me, mg, mc): (Meter, Meter, Meter, Meter, Meter, Meter, Meter) = (
             tp_act.take(),
             pp_send.take(),
             pp_recv.take(),
             dpm.take(),
             embm.take(),
             gather.take(),
+            cpm.take(),
         );
-        times.compute -= mt.seconds;
+        times.compute -= mt.seconds + mc.seconds;
         times.tp_comm = mt.seconds;
+        times.cp_comm = mc.seconds;
         times.pp_comm = ms.seconds + mg.seconds;
         times.bubble = mr.seconds + tie_wait;
         times.dp_comm = md.seconds + me.seconds;
@@ -442,6 +468,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
         bytes.dp = md.bytes;
         bytes.embedding = me.bytes;
         bytes.pp_gather = mg.bytes;
+        bytes.cp = mc.bytes;
         sums.push((times, bytes));
         let seconds = t_step.elapsed().as_secs_f64();
         step_seconds.push(seconds);
@@ -451,7 +478,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
         let save = opts.on_checkpoint.is_some() && every(cfg.ckpt_every);
         // one gather serves the evaluation and the checkpoint
         let whole = if evaluate || save {
-            let mut w = gather_whole(&shape, &chunks, zero, dp_i, done, world).map_err(comm_err)?;
+            let mut w = gather_whole(&shape, &chunks, zero, dpc_i, done, world).map_err(comm_err)?;
             w.min_loss = guard.min_loss;
             Some(w)
         } else {
@@ -472,7 +499,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                     grad_norm: norm,
                     lr,
                     seconds,
-                    tokens_per_s: (cfg.global_batch * t) as f64 / seconds,
+                    tokens_per_s: (cfg.global_batch * seq) as f64 / seconds,
                     val_loss,
                     sample,
                 });
@@ -499,6 +526,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     for (t, b) in &sums[skip..] {
         time_s.compute += t.compute / k;
         time_s.tp_comm += t.tp_comm / k;
+        time_s.cp_comm += t.cp_comm / k;
         time_s.pp_comm += t.pp_comm / k;
         time_s.dp_comm += t.dp_comm / k;
         time_s.bubble += t.bubble / k;
@@ -508,6 +536,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
         comm_bytes.dp += b.dp / k;
         comm_bytes.embedding += b.embedding / k;
         comm_bytes.pp_gather += b.pp_gather / k;
+        comm_bytes.cp += b.cp / k;
     }
     let f = std::mem::size_of::<f32>();
     let mut mem = MemoryBytes {
@@ -529,6 +558,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let report = RankReport {
         rank: world.rank(),
         tp: tp_i as u32,
+        cp: cp_i as u32,
         dp: dp_i as u32,
         pp: pp_i as u32,
         step_s: step_seconds[skip..].iter().sum::<f64>() / k,

@@ -9,26 +9,38 @@ use crate::model::TpGroup;
 /// The communicators of one rank, split from the world by the rank grid.
 pub(super) struct Groups {
     pub(super) tp: Box<dyn Communicator>,
+    /// the context-parallel ranks of this rank's sequences (one rank without context parallelism)
+    pub(super) cp: Box<dyn Communicator>,
     pub(super) pp: Box<dyn Communicator>,
+    /// the ranks that hold the same weights and reduce their gradients together: dp · cp of
+    /// them, rank d·cp + c
     pub(super) dp: Box<dyn Communicator>,
     /// the first and the last pipeline stage of this (tp, dp) column, for the tied embedding
     pub(super) embedding: Box<dyn Communicator>,
 }
 
 pub(super) fn split_groups(world: &dyn Communicator, pc: &ParallelConfig) -> Result<Groups, CommError> {
-    let (t, d, p) = pc.coords(world.rank() as u32);
-    // colour = the rank with this group's own coordinate at 0: the same for all members
-    let tp = world.split(pc.rank(0, d, p) as usize, t as usize)?;
-    let dp = world.split(pc.rank(t, 0, p) as usize, d as usize)?;
-    let pp = world.split(pc.rank(t, d, 0) as usize, p as usize)?;
+    let me = world.rank() as u32;
+    let ((t, d, p), c) = (pc.coords(me), pc.cp_coord(me));
+    // colour = the rank with this group's own coordinates at 0: the same for all members
+    let tp = world.split(pc.rank_cp(0, c, d, p) as usize, t as usize)?;
+    let cp = world.split(pc.rank_cp(t, 0, d, p) as usize, c as usize)?;
+    let dp = world.split(pc.rank_cp(t, 0, 0, p) as usize, (d * pc.cp + c) as usize)?;
+    let pp = world.split(pc.rank_cp(t, c, d, 0) as usize, p as usize)?;
     let ends = p == 0 || p == pc.pp - 1;
     let colour = if ends {
-        pc.rank(t, d, 0) as usize
+        pc.rank_cp(t, c, d, 0) as usize
     } else {
         world.size() + world.rank()
     };
     let embedding = world.split(colour, p as usize)?;
-    Ok(Groups { tp, pp, dp, embedding })
+    Ok(Groups {
+        tp,
+        cp,
+        pp,
+        dp,
+        embedding,
+    })
 }
 
 /// The tensor-parallel group as the model uses it: activation all-reduces metered, the
@@ -36,6 +48,8 @@ pub(super) fn split_groups(world: &dyn Communicator, pc: &ParallelConfig) -> Res
 pub(super) struct TpComm<'a> {
     pub(super) act: &'a Metered<'a>,
     pub(super) stats: &'a dyn Communicator,
+    /// the context-parallel group's key/value exchange, metered
+    pub(super) cp: &'a Metered<'a>,
 }
 
 impl TpGroup<f32> for TpComm<'_> {
@@ -71,5 +85,11 @@ impl TpGroup<f32> for TpComm<'_> {
             self.stats.all_reduce(buf)?;
         }
         Ok(())
+    }
+    fn cp_all_gather(&self, mine: &[f32], full: &mut [f32]) -> Result<(), CommError> {
+        self.cp.all_gather(mine, full)
+    }
+    fn cp_reduce_scatter(&self, full: &[f32], mine: &mut [f32]) -> Result<(), CommError> {
+        self.cp.reduce_scatter(full, mine)
     }
 }

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use exatrain_cost::Times;
 use exatrain_parallel::comm::{CommError, Communicator};
-use exatrain_spec::{Dim, ModelSpec, ParallelConfig, SpecError};
+use exatrain_spec::{ModelSpec, ParallelConfig, SpecError};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{Backend, Cpu};
@@ -123,6 +123,10 @@ pub struct CommBytes {
     pub embedding: f64,
     /// the tp all-gather that rebuilds activations received in 1/tp slices (pp > 1, tp > 1)
     pub pp_gather: f64,
+    /// the context-parallel key/value exchange: all-gathered forward, again and its gradient
+    /// reduce-scattered backward (cp > 1)
+    #[serde(default)]
+    pub cp: f64,
 }
 
 /// Bytes held, with the planner's `memory_bytes` names.
@@ -144,6 +148,9 @@ pub struct MemoryBytes {
 pub struct RankReport {
     pub rank: usize,
     pub tp: u32,
+    /// the context-parallel coordinate (0 without)
+    #[serde(default)]
+    pub cp: u32,
     pub dp: u32,
     pub pp: u32,
     /// mean over the steps after the first (all steps if only one)
@@ -181,10 +188,8 @@ pub fn check(spec: &ModelSpec, cfg: &TrainConfig, pc: &ParallelConfig, world_siz
     cfg.check()?;
     if pc.gpus() as usize != world_size {
         return Err(SpecError::new(format!(
-            "--tp {} × --pp {} × --dp {} = {} ranks, but the job has {world_size}",
-            pc.tp,
-            pc.pp,
-            pc.dp,
+            "{} = {} ranks, but the job has {world_size}",
+            pc.grid(),
             pc.gpus()
         )));
     }
@@ -202,8 +207,12 @@ pub fn check(spec: &ModelSpec, cfg: &TrainConfig, pc: &ParallelConfig, world_siz
         )));
     }
     let shape = GptShape::from_spec(spec)?;
-    let mut part = Part::whole(&shape);
-    part.tp = pc.tp as usize;
+    let part = Part {
+        tp: pc.tp as usize,
+        flash: pc.flash_attention,
+        cp: pc.cp as usize,
+        ..Part::whole(&shape)
+    };
     part.check(&shape)?;
     Ok(())
 }
@@ -291,6 +300,7 @@ pub fn aggregate(reports: &[RankReport]) -> RankReport {
         mx(&mut a.comm_bytes.dp, r.comm_bytes.dp);
         mx(&mut a.comm_bytes.embedding, r.comm_bytes.embedding);
         mx(&mut a.comm_bytes.pp_gather, r.comm_bytes.pp_gather);
+        mx(&mut a.comm_bytes.cp, r.comm_bytes.cp);
     }
     let held = |m: &MemoryBytes| m.weights + m.grads + m.optimizer + m.activations;
     if let Some(r) = reports.iter().max_by_key(|r| held(&r.memory_bytes)) {
@@ -300,7 +310,8 @@ pub fn aggregate(reports: &[RankReport]) -> RankReport {
 }
 
 /// The model and layout the planner should be asked about to compare with this trainer: it
-/// trains in fp32 without dropout (and overlaps the data-parallel reduction as `pc` says).
+/// trains in fp32 without dropout (with flash attention or not, and overlapping the
+/// data-parallel reduction, as `pc` says).
 pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, ParallelConfig) {
     let spec = ModelSpec {
         dropout: false,
@@ -308,7 +319,6 @@ pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, Parallel
     };
     let pc = ParallelConfig {
         dtype: exatrain_spec::Dtype::Fp32,
-        flash_attention: false,
         ..*pc
     };
     (spec, pc)
@@ -317,10 +327,8 @@ pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, Parallel
 /// The grid dimension sizes of a layout, for messages.
 pub fn describe(pc: &ParallelConfig) -> String {
     format!(
-        "tp {} × pp {} × dp {} (order {}), micro-batch {}, global batch {}, ZeRO-{}, recompute {}{}{}",
-        pc.size(Dim::Tp),
-        pc.size(Dim::Pp),
-        pc.size(Dim::Dp),
+        "{} (order {}), micro-batch {}, global batch {}, ZeRO-{}, recompute {}{}{}{}",
+        pc.grid(),
         pc.order,
         pc.micro_batch,
         pc.global_batch,
@@ -335,6 +343,11 @@ pub fn describe(pc: &ParallelConfig) -> String {
             format!(", {} virtual stages", pc.virtual_stages)
         } else {
             String::new()
+        },
+        if pc.flash_attention {
+            ", flash attention"
+        } else {
+            ""
         }
     )
 }
