@@ -331,12 +331,16 @@ fn train_eval(meta: &Meta, dir: &std::path::Path) -> Result<(String, Metric), Sp
 
 /// ln(predicted tokens/s) of every layout on the `prior` cluster, NaN where it does not fit.
 fn prior_of(meta: &Meta, space: &[ParallelConfig], prior: &ClusterSpec) -> Vec<f64> {
+    let trainer = exatrain_train::parallel::trainer_cluster(prior);
     space
         .iter()
         .map(|c| {
-            let (m, l) = match meta.evaluator {
-                EvaluatorArg::Train => exatrain_train::parallel::as_trained(&meta.model, c),
-                _ => (meta.model.clone(), *c),
+            let (m, l, prior) = match meta.evaluator {
+                EvaluatorArg::Train => {
+                    let (m, l) = exatrain_train::parallel::as_trained(&meta.model, c);
+                    (m, l, &trainer)
+                }
+                _ => (meta.model.clone(), *c, prior),
             };
             match plan(&m, prior, &l) {
                 Ok(p) if p.fits => p.tokens_per_s.ln(),

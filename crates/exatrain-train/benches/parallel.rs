@@ -19,7 +19,8 @@ fn main() {
     std::fs::write(&corpus, include_str!("../../../data/corpus/devils-dictionary.txt")).unwrap();
     let data = dir.join("data");
     exatrain_train::data::prepare(&corpus, spec.vocab, &data).unwrap();
-    let cluster = presets::cluster("frontier").unwrap(); // bytes do not depend on it
+    // bytes do not depend on the machine; priced as the trainer runs them (no framework)
+    let cluster = parallel::trainer_cluster(&presets::cluster("frontier").unwrap());
     let l = |tp, pp, dp, mb| ParallelConfig::new(tp, pp, dp, mb, 8);
     let layouts = [
         l(1, 1, 1, 8),

@@ -279,6 +279,88 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
     }
 }
 
+/// Flash attention and context parallelism train what one process trains (with the kept
+/// probabilities): each CP rank's two chunks of every sequence at their positions, the keys and
+/// values gathered over the group, the gradients reduced and ZeRO-sharded over dp · cp.
+#[test]
+fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
+    let dir = tmp("cp");
+    let data = dataset(&dir);
+    let want = reference(&dir, &data, 1, 16);
+    let cp = |cp: u32, pc: ParallelConfig| ParallelConfig {
+        cp,
+        flash_attention: true,
+        ..pc
+    };
+    let cases: Vec<(&str, ParallelConfig, Schedule)> = vec![
+        ("flash, one rank", cp(1, layout(1, 1, 1, 1, 16)), Schedule::OneFOneB),
+        (
+            "flash tp2 pp2 dp2 selective",
+            ParallelConfig {
+                recompute: Recompute::Selective,
+                ..cp(1, layout(2, 2, 2, 1, 16))
+            },
+            Schedule::OneFOneB,
+        ),
+        ("cp8", cp(8, layout(1, 1, 1, 1, 16)), Schedule::OneFOneB),
+        (
+            "cp2 dp4 ZeRO-1",
+            ParallelConfig {
+                zero: 1,
+                ..cp(2, layout(1, 1, 4, 1, 16))
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "cp2 tp2 pp2 SP full",
+            ParallelConfig {
+                sequence_parallel: true,
+                recompute: Recompute::Full,
+                ..cp(2, layout(2, 2, 1, 1, 16))
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "cp4 pp2 interleaved v2",
+            ParallelConfig {
+                virtual_stages: 2,
+                ..cp(4, layout(1, 2, 1, 1, 16))
+            },
+            Schedule::OneFOneB,
+        ),
+        (
+            "cp2 tp2 dp2 ZeRO-2 rank order pp-dp-tp",
+            ParallelConfig {
+                zero: 2,
+                order: "pp-dp-tp".parse().unwrap(),
+                ..cp(2, layout(2, 1, 2, 1, 16))
+            },
+            Schedule::OneFOneB,
+        ),
+    ];
+    for (name, pc, sched) in cases {
+        let results: Vec<RankResult> = run(&pc, sched, &data)
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
+            .collect();
+        assert_matches(name, &pc, &results, &want);
+        if pc.cp > 1 {
+            // the context-parallel ranks of a sequence end with the same weights
+            let shape = GptShape::from_spec(&spec()).unwrap();
+            let of = |c: u32| {
+                parallel::whole_params(
+                    &shape,
+                    results
+                        .iter()
+                        .filter(|r| r.report.dp == 0 && r.report.cp == c)
+                        .flat_map(|r| &r.chunks),
+                )
+            };
+            assert_eq!(of(pc.cp - 1), of(0), "{name}: cp ranks differ");
+        }
+    }
+}
+
 #[test]
 fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
     let dir = tmp("buckets");
@@ -333,7 +415,8 @@ fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
 fn bytes_moved_and_held_match_the_planner() {
     let dir = tmp("bytes");
     let data = dataset(&dir);
-    let cluster = exatrain_spec::presets::cluster("frontier").unwrap(); // bytes do not depend on it
+    // bytes do not depend on the machine; priced as the trainer runs them (no framework)
+    let cluster = parallel::trainer_cluster(&exatrain_spec::presets::cluster("frontier").unwrap());
     let cases = [
         layout(2, 2, 2, 2, 16),
         ParallelConfig {
@@ -363,6 +446,18 @@ fn bytes_moved_and_held_match_the_planner() {
             recompute: Recompute::Full,
             ..layout(4, 1, 2, 2, 16)
         },
+        ParallelConfig {
+            cp: 2,
+            flash_attention: true,
+            zero: 1,
+            ..layout(2, 1, 2, 1, 16)
+        },
+        ParallelConfig {
+            cp: 4,
+            flash_attention: true,
+            recompute: Recompute::Full,
+            ..layout(1, 2, 1, 1, 16)
+        },
     ];
     for pc in cases {
         let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
@@ -387,6 +482,12 @@ fn bytes_moved_and_held_match_the_planner() {
             "{name}: tp bytes {} vs {}",
             b.tp,
             plan.comm_bytes.tp
+        );
+        assert!(
+            close(b.cp, plan.comm_bytes.cp, 0.0),
+            "{name}: cp bytes {} vs {}",
+            b.cp,
+            plan.comm_bytes.cp
         );
         assert!(
             close(b.pp, plan.comm_bytes.pp, 0.0),
