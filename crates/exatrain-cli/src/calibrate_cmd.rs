@@ -89,7 +89,11 @@ fn csv_runs(
     let mut of_model = 0usize;
     for run in crate::validate::read_runs(&text, &at)? {
         if model.is_some_and(|m| m != run.model && m != run.name) {
-            other_models.insert(if run.model == "-" { run.name.clone() } else { run.model.clone() });
+            other_models.insert(if run.model == "-" {
+                run.name.clone()
+            } else {
+                run.model.clone()
+            });
             continue;
         }
         of_model += 1;

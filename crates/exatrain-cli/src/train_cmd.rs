@@ -117,8 +117,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub dp: Option<u32>,
     /// Flash attention: keep each row's log-sum-exp instead of the T×T probabilities, and
-    /// recompute them in backward (--device cpu).
-    #[arg(long)]
+    /// recompute them in backward (--device cpu; `--flash-attention`, or `--flash-attention 1|0`
+    /// as a tuner template fills it).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub flash_attention: bool,
     /// ZeRO stage: 0 (replicated), 1 (optimizer state sharded), 2 (gradients sharded too).
     #[arg(long, default_value_t = 0)]
@@ -267,7 +268,12 @@ impl RunLayout {
 
     /// One process with nothing to report runs the single-process trainer.
     fn is_single(&self) -> bool {
-        self.ranks == 1 && self.tp == 1 && self.pp == 1 && self.dp.unwrap_or(1) == 1 && self.cp == 1 && !self.flash_attention
+        self.ranks == 1
+            && self.tp == 1
+            && self.pp == 1
+            && self.dp.unwrap_or(1) == 1
+            && self.cp == 1
+            && !self.flash_attention
     }
 }
 

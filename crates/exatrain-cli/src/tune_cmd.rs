@@ -88,7 +88,8 @@ pub struct TuneArgs {
     pub resume: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = EvaluatorArg::Model)]
     pub evaluator: EvaluatorArg,
-    /// Command template for --evaluator command, e.g. 'srun -N {nodes} ./pretrain.sh --tp {tp} --pp {pp} --mbs {micro_batch}'.
+    /// Command template for --evaluator command, e.g. 'srun -N {nodes} ./pretrain.sh --tp {tp} --pp {pp} --mbs {micro_batch}'
+    /// (without `{cp}` only layouts of context-parallel size 1 are tried).
     #[arg(long)]
     pub eval_cmd: Option<String>,
     /// Seconds before a trial is killed.
@@ -261,7 +262,10 @@ pub fn parse_gpus(s: &str, node: u32) -> Result<Vec<u32>, SpecError> {
     Ok(v)
 }
 
-/// The layouts exatrain's trainer runs: fp32, no flash attention, no context parallelism, ZeRO 0-2.
+/// The layouts the tuner tries on exatrain's trainer: fp32, ZeRO 0-2, the kept-probabilities
+/// attention and no context parallelism (the trainer runs both, `train --flash-attention --cp`,
+/// but its host flash kernel recomputes the scores, and context parallelism pays only where
+/// ranks keep thousands of tokens, which the space asks for).
 fn trainer_space(s: &mut SpaceSpec) -> Result<(), SpecError> {
     s.max_cp = 1;
     if s.fp8 {
@@ -310,7 +314,8 @@ fn train_eval(meta: &Meta, dir: &std::path::Path) -> Result<(String, Metric), Sp
     let template = format!(
         "{launcher} {exe} train --model {model} --data {data} --cluster {cluster} --tp {{tp}} --pp {{pp}} --dp {{dp}} \
          --micro-batch {{micro_batch}} --global-batch {{global_batch}} --zero {{zero}} --recompute {{recompute}} \
-         --sequence-parallel {{sequence_parallel}} --virtual-stages {{virtual_stages}} --order {{order}} \
+         --sequence-parallel {{sequence_parallel}} --virtual-stages {{virtual_stages}} --order {{order}} --cp {{cp}} \
+         --flash-attention {{flash_attention}} \
          --steps {steps} --warmup 0 --eval-every {never} --no-ckpt --overwrite --json {ranks} \
          --out {trials}/{{trial}} --report {trials}/{{trial}}/report.json",
         launcher = meta.launcher,
@@ -384,6 +389,10 @@ pub(crate) fn space_spec(a: &TuneArgs, gpus: u32) -> Result<SpaceSpec, SpecError
     s.fp8 = a.fp8;
     if a.evaluator == EvaluatorArg::Train {
         trainer_space(&mut s)?;
+    }
+    // a command that cannot be told the context-parallel size runs every layout at cp 1
+    if a.evaluator == EvaluatorArg::Command && !a.eval_cmd.as_deref().is_some_and(|t| t.contains("{cp}")) {
+        s.max_cp = 1;
     }
     if let Some(f) = a.evaluator.framework() {
         if s.framework.is_some_and(|g| g != f) {

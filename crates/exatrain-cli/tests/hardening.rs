@@ -245,6 +245,18 @@ fn bad_values_are_named_with_what_is_allowed() {
             "--gpus 12 is not divisible by --tp 1 × --cp 8 × --pp 1",
         ),
         (&["tune", "--max-cp", "0"], "--max-cp 0: must be a positive integer"),
+        (
+            &["train", "--ranks", "2", "--cp", "2"],
+            "--cp above 1 needs --flash-attention",
+        ),
+        (
+            &["train", "--ranks", "3", "--cp", "2", "--flash-attention"],
+            "3 ranks are not divisible by --tp 1 × --cp 2 × --pp 1",
+        ),
+        (
+            &["train", "--cp", "0"],
+            "--tp, --cp, --pp, --dp and --virtual-stages must be positive",
+        ),
         (&["train", "--ranks", "100000"], "--ranks 100000"),
         (
             &["calibrate", "--ranks", "100000"],

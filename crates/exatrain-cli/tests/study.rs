@@ -63,7 +63,10 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no layout for --nodes 3 in the study (its node counts: 128, 384)"), "{err}");
+    assert!(
+        err.contains("no layout for --nodes 3 in the study (its node counts: 128, 384)"),
+        "{err}"
+    );
 }
 
 #[test]

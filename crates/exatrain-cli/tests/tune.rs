@@ -515,3 +515,51 @@ fn an_fp8_search_exports_its_fp8_layout() {
     let job = String::from_utf8_lossy(&out.stdout);
     assert!(job.contains("--fp8-format hybrid"), "{job}");
 }
+
+/// A command template is told each trial's context-parallel size through `{cp}`; one that does
+/// not mention it is searched at cp 1 only (it could not run the others: its `{dp}` would miss
+/// the cp ranks).
+#[test]
+fn a_command_without_cp_is_searched_at_cp_1_and_one_with_it_gets_cp() {
+    let work = tmp("cp-template");
+    let search = |name: &str, cmd: &str| -> Vec<serde_json::Value> {
+        let out_dir = work.join(name);
+        let out = exatrain(&[
+            "tune",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--strategy",
+            "random",
+            "--budget",
+            "40",
+            "--evaluator",
+            "command",
+            "--eval-cmd",
+            cmd,
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        lines(&out_dir)
+    };
+    let cps = |trials: &[serde_json::Value]| -> Vec<u64> {
+        trials.iter().map(|t| t["config"]["cp"].as_u64().unwrap_or(1)).collect()
+    };
+    let without = search("without", r#"echo '{{"tokens_per_s": {tp}}}'"#);
+    assert_eq!(without.len(), 40);
+    assert!(cps(&without).iter().all(|&c| c == 1), "{:?}", cps(&without));
+    // with {cp} the space holds cp 2 (seq 8192) and the command receives it
+    let with = search("with", r#"echo '{{"tokens_per_s": {cp}.0}}'"#);
+    assert!(cps(&with).contains(&2), "{:?}", cps(&with));
+    for t in &with {
+        let cp = t["config"]["cp"].as_u64().unwrap_or(1) as f64;
+        assert_eq!(t["outcome"]["value"].as_f64(), Some(cp), "{t}");
+    }
+}

@@ -19,7 +19,14 @@ pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
     let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     let column = text[line_start..start].chars().count() + 1;
-    let source: String = text[line_start..].lines().next().unwrap_or("").trim().chars().take(80).collect();
+    let source: String = text[line_start..]
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .chars()
+        .take(80)
+        .collect();
     if source.is_empty() {
         format!("line {line}, column {column}: {msg}")
     } else {
@@ -79,17 +86,31 @@ mod tests {
     #[test]
     fn a_bad_toml_file_is_one_line_naming_the_line_and_its_text() {
         let cases = [
-            ("layers = 4\nhidden = \"x\"\n", "m.toml: line 2, column 10 (`hidden = \"x\"`): invalid type: string \"x\""),
-            ("layers = 4\nhidden = 5\nhidden = 6\n", "m.toml: line 3, column 1 (`hidden = 6`): duplicate key `hidden`"),
-            ("layers = 4\nfoo = 5\n", "m.toml: line 2, column 1 (`foo = 5`): unknown field `foo`, expected one of"),
+            (
+                "layers = 4\nhidden = \"x\"\n",
+                "m.toml: line 2, column 10 (`hidden = \"x\"`): invalid type: string \"x\"",
+            ),
+            (
+                "layers = 4\nhidden = 5\nhidden = 6\n",
+                "m.toml: line 3, column 1 (`hidden = 6`): duplicate key `hidden`",
+            ),
+            (
+                "layers = 4\nfoo = 5\n",
+                "m.toml: line 2, column 1 (`foo = 5`): unknown field `foo`, expected one of",
+            ),
         ];
         for (text, want) in cases {
             let e = model_from_str(text, false, "m.toml").unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: got {e}, want {want}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
-        let e = cluster_from_str("name = \"c\"\n[device]\nhbm_gib = [1\n", false, "c.toml").unwrap_err().to_string();
-        assert!(e.starts_with("c.toml: line 4, column 1: invalid array expected `]`"), "{e}");
+        let e = cluster_from_str("name = \"c\"\n[device]\nhbm_gib = [1\n", false, "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("c.toml: line 4, column 1: invalid array expected `]`"),
+            "{e}"
+        );
         assert_eq!(e.lines().count(), 1, "{e}");
     }
 }

@@ -375,7 +375,10 @@ mod tests {
             let tq = pos.len();
             let rows = |x: &[f64], w: usize| -> Vec<f64> {
                 (0..b)
-                    .flat_map(|bi| pos.iter().flat_map(move |&p| x[(bi * t + p) * w..(bi * t + p + 1) * w].to_vec()))
+                    .flat_map(|bi| {
+                        pos.iter()
+                            .flat_map(move |&p| x[(bi * t + p) * w..(bi * t + p + 1) * w].to_vec())
+                    })
                     .collect()
             };
             let (q, dy) = (rows(&qkv, 3 * c), rows(&dout, c));

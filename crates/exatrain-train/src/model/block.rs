@@ -243,7 +243,19 @@ pub(super) fn block_backward<B: Backend>(
         let at = key_values(d, t);
         let (out, kv) = (x(&ba.atty), (d.cp > 1).then(|| x(&ba.kv)));
         let dkv_mut = (d.cp > 1).then(|| B::reborrow(&mut dkv));
-        be.flash_attention_backward(B::reborrow(&mut dqkv), dkv_mut, B::read(&datty), out, att, qkv, kv, &at, b, d.cl, d.nh);
+        be.flash_attention_backward(
+            B::reborrow(&mut dqkv),
+            dkv_mut,
+            B::read(&datty),
+            out,
+            att,
+            qkv,
+            kv,
+            &at,
+            b,
+            d.cl,
+            d.nh,
+        );
         if d.cp > 1 {
             kv_scatter(be, tp, (b, t, d.cl, d.cp), B::read(&dkv), B::reborrow(&mut dqkv))?;
         }

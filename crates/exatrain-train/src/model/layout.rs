@@ -389,15 +389,15 @@ impl ParamLayout {
 /// Rows: R = N/tp under sequence parallelism, else N; the `_full` tensors are the gathered [N, C]
 /// inputs of the column-parallel GEMMs and the [N, C] partial sums of the row-parallel ones.
 pub struct BlockActs {
-    pub ln1: Range<usize>,          // [R, C]
-    pub ln1_mean: Range<usize>,     // [R]
-    pub ln1_rstd: Range<usize>,     // [R]
-    pub ln1_full: Range<usize>,     // [N, C]  (scratch: gathered again in backward)
-    pub qkv: Range<usize>,          // [N, 3Cl]
-    pub att: Range<usize>,          // [B, NH/tp, T, T]  (scratch under selective recompute); flash
-                                    //          attention: [B, NH/tp, T], each row's log-sum-exp
-    pub kv: Range<usize>,           // [B, cp·T, 2Cl] the whole sequence's keys and values (cp > 1;
-                                    //          scratch: gathered again in backward)
+    pub ln1: Range<usize>,      // [R, C]
+    pub ln1_mean: Range<usize>, // [R]
+    pub ln1_rstd: Range<usize>, // [R]
+    pub ln1_full: Range<usize>, // [N, C]  (scratch: gathered again in backward)
+    pub qkv: Range<usize>,      // [N, 3Cl]
+    pub att: Range<usize>,      // [B, NH/tp, T, T]  (scratch under selective recompute); flash
+    //          attention: [B, NH/tp, T], each row's log-sum-exp
+    pub kv: Range<usize>, // [B, cp·T, 2Cl] the whole sequence's keys and values (cp > 1;
+    //          scratch: gathered again in backward)
     pub atty: Range<usize>,         // [N, Cl]
     pub attproj_full: Range<usize>, // [N, C]  (scratch)
     pub attproj: Range<usize>,      // [R, C]  (scratch)

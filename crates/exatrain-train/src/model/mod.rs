@@ -429,10 +429,18 @@ impl<B: Backend> Model<B> {
             let [dwte, dwpe] = B::parts(g, [&pl.wte, &pl.wpe]);
             let [dres, mut dfull, mut drows] = B::parts(dd, [&gl.dres[cur], &gl.denc_full, &gl.dwpe]);
             seq_gather(be, tp, sp, B::read(&dres), B::reborrow(&mut dfull))?; // g's backward
-            // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
+                                                                              // every rank gets the same dwpe (its input gradient is whole), so the replicas agree
             if d.cp > 1 {
                 // the rank's position rows, then added at their positions
-                be.encoder_backward(dwte, d.vlo, Some(B::reborrow(&mut drows)), B::read(&dfull), &sl.tokens, t, c);
+                be.encoder_backward(
+                    dwte,
+                    d.vlo,
+                    Some(B::reborrow(&mut drows)),
+                    B::read(&dfull),
+                    &sl.tokens,
+                    t,
+                    c,
+                );
                 let pos = crate::flash::cp_positions(d.cp * t, d.cp, d.cp_rank);
                 be.with_host(B::read(&drows), |r| {
                     be.with_host_mut(dwpe, |w| {

@@ -62,7 +62,10 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     let (cp, cp_i) = (pc.cp as usize, pc.cp_coord(world.rank() as u32) as usize);
     let (dpc, dpc_i) = (dp * cp, dp_i * cp + cp_i);
     if (pc.flash_attention || cp > 1) && !be.has_flash() {
-        return Err(SpecError::new("--flash-attention and --cp run on --device cpu: this backend has no flash attention kernels").into());
+        return Err(SpecError::new(
+            "--flash-attention and --cp run on --device cpu: this backend has no flash attention kernels",
+        )
+        .into());
     }
     let stages = pp * v;
     // the layers of each (virtual) stage as the planner splits them

@@ -353,10 +353,6 @@ pub fn describe(pc: &ParallelConfig) -> String {
         } else {
             String::new()
         },
-        if pc.flash_attention {
-            ", flash attention"
-        } else {
-            ""
-        }
+        if pc.flash_attention { ", flash attention" } else { "" }
     )
 }
