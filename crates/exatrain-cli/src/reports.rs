@@ -83,6 +83,7 @@ pub fn planned(p: &exatrain_cost::Plan) -> Value {
 /// Replace the report's `planned` figures by the planner's under `cluster`.
 pub fn replan(name: &str, v: &mut Value, cluster: &ClusterSpec) -> Result<(), SpecError> {
     let (model, layout) = planned_setup(name, v)?;
+    let cluster = &exatrain_train::parallel::trainer_cluster(cluster);
     let p = exatrain_cost::plan(&model, cluster, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
     v["planned"] = planned(&p);
     v["cluster"] = serde_json::json!(cluster.name);
@@ -105,21 +106,24 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
     let ranks = v.get("ranks").and_then(|r| r.as_array()).map_or(0, |r| r.len());
     if ranks != layout.gpus() as usize {
         return Err(SpecError::new(format!(
-            "report {name}: {ranks} rank reports for a layout of {} ranks (tp {} · pp {} · dp {})",
+            "report {name}: {ranks} rank reports for a layout of {} ranks ({})",
             layout.gpus(),
-            layout.tp,
-            layout.pp,
-            layout.dp
+            layout.grid()
         )));
     }
-    let any = exatrain_spec::presets::cluster("frontier")?;
+    let any = exatrain_train::parallel::trainer_cluster(&exatrain_spec::presets::cluster("frontier")?);
     let p = exatrain_cost::plan(&spec, &any, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
     for (kind, planned) in [
         ("tp", p.comm_bytes.tp),
         ("pp", p.comm_bytes.pp),
         ("dp", p.comm_bytes.dp),
+        ("cp", p.comm_bytes.cp),
     ] {
-        let got: f64 = field(name, v, &format!("/measured/comm_bytes/{kind}"))?;
+        // reports from before context parallelism have no cp bytes: none were moved
+        let got: f64 = match (kind, v.pointer("/measured/comm_bytes/cp")) {
+            ("cp", None) => 0.0,
+            _ => field(name, v, &format!("/measured/comm_bytes/{kind}"))?,
+        };
         if (got - planned).abs() > 0.01 * planned.max(1.0) {
             return Err(SpecError::new(format!(
                 "report {name}: its {kind} collectives moved {got:.0} bytes per step, its layout moves {planned:.0}: \

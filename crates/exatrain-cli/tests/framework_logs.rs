@@ -229,7 +229,7 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     let fitted = d.join("fitted.toml");
     let text = fit_logs(&logs, &fitted);
     assert!(
-        text.contains("MegatronLm log") && text.contains("Torchtitan log"),
+        text.contains("megatron-lm log") && text.contains("torchtitan log"),
         "{text}"
     );
     // the fitted spec predicts each log's step time

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// The compared terms: (name, path to the measured value, path to the predicted value).
-const TERMS: [(&str, &str, &str); 15] = [
+const TERMS: [(&str, &str, &str); 17] = [
     (
         "memory.weights",
         "/measured/memory_bytes/weights",
@@ -33,9 +33,12 @@ const TERMS: [(&str, &str, &str); 15] = [
     ("bytes.tp", "/measured/comm_bytes/tp", "/planned/comm_bytes/tp"),
     ("bytes.pp", "/measured/comm_bytes/pp", "/planned/comm_bytes/pp"),
     ("bytes.dp", "/measured/comm_bytes/dp", "/planned/comm_bytes/dp"),
+    // context parallelism (reports from before it have neither: read as 0)
+    ("bytes.cp", "/measured/comm_bytes/cp", "/planned/comm_bytes/cp"),
     ("time.compute", "/measured/time_s/compute", "/planned/time_s/compute"),
     ("time.tp_comm", "/measured/time_s/tp_comm", "/planned/time_s/tp_comm"),
     ("time.pp_comm", "/measured/time_s/pp_comm", "/planned/time_s/pp_comm"),
+    ("time.cp_comm", "/measured/time_s/cp_comm", "/planned/time_s/cp_comm"),
     ("time.dp_comm", "/measured/time_s/dp_comm", "/planned/time_s/dp_comm"),
     ("time.bubble", "/measured/time_s/bubble", "/planned/time_s/bubble"),
     (
@@ -131,10 +134,12 @@ pub fn compare(runs: &[(String, Value)], tolerance: f64) -> Result<Fidelity, Str
     let mut rows = Vec::new();
     for (name, rep) in runs {
         for (term, m, p) in TERMS {
-            let get = |path: &str| {
-                rep.pointer(path)
+            let cp_term = term.ends_with("cp") || term.ends_with("cp_comm");
+            let get = |path: &str| match rep.pointer(path) {
+                None if cp_term => Ok(0.0),
+                x => x
                     .and_then(Value::as_f64)
-                    .ok_or_else(|| format!("{name}: no number at {path} (not an `exatrain train --report` file?)"))
+                    .ok_or_else(|| format!("{name}: no number at {path} (not an `exatrain train --report` file?)")),
             };
             // a framework log measures the step (and maybe peak memory), not the terms
             let partial = rep.get("framework_log").is_some() || term == "memory.peak";
