@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::Backend;
+use super::{Backend, Flash};
 use crate::flash::{self, KeyValues};
 use crate::kernels as k;
 use crate::model::parts;
@@ -170,8 +170,8 @@ impl<R: Real> Backend for Cpu<R> {
     ) {
         k::attention_backward(dqkv, dout, qkv, att, b, t, c, nh)
     }
-    fn has_flash(&self) -> bool {
-        true
+    fn flash(&self) -> Flash {
+        Flash::ContextParallel
     }
     fn flash_attention_forward(
         &self,

@@ -8,7 +8,10 @@
 //!   product `bias ⊗ 1` written first, so the GEMM accumulates onto it; `dbias += doutᵀ·1` is a
 //!   GEMM against a vector of ones (no float atomics). Attention is strided batched GEMMs over
 //!   the heads of one sequence, one call per sequence; the backward keeps one sequence's
-//!   `datt` [NH, T, T] in a scratch buffer.
+//!   `datt` [NH, T, T] in a scratch buffer. Flash attention (`--flash-attention`) is the same
+//!   plan with each sequence's probabilities in a reused scratch instead of the activations,
+//!   recomputed in backward: nothing T×T kept between the passes, as the planner prices it.
+//!   Context parallelism needs the position-aware host kernels and is refused here.
 //! - **Precision**: the all-fp32 mode (`floatX = float`), so every buffer of the offset tables
 //!   holds f32 exactly as on the CPU and the layouts carry over unchanged. bf16 activations need
 //!   the norm and loss statistics kept in fp32 beside them (a second region in the activation
@@ -29,7 +32,8 @@ use exatrain_cuda::GpuError;
 use exatrain_parallel::comm::CommError;
 
 use super::plan::{self, Step};
-use super::Backend;
+use super::{Backend, Flash};
+use crate::flash::KeyValues;
 use crate::optim::AdamWConfig;
 
 const F: u64 = std::mem::size_of::<f32>() as u64;
@@ -64,6 +68,8 @@ struct Scratch {
     ln: Option<CudaSlice<f32>>,
     /// one sequence's attention-score gradients [NH, T, T]
     datt: Option<CudaSlice<f32>>,
+    /// flash attention: one sequence's probabilities [NH, T, T], recomputed in backward
+    probs: Option<CudaSlice<f32>>,
     /// ones, for the bias products
     ones: Option<CudaSlice<f32>>,
     /// the global norm's result and its per-block partial sums
@@ -568,6 +574,48 @@ impl Backend for Cuda {
         let datt = self.scratch(nh * t * t, |s| &mut s.datt, 0.0);
         self.exec(plan::attention_backward(
             dqkv.ptr, dout.ptr, qkv.ptr, att.ptr, datt, b, t, c, nh,
+        ));
+    }
+    fn flash(&self) -> Flash {
+        Flash::SelfAttention
+    }
+    /// Over the qkv buffer itself (`at` is `KeyValues::own`; context parallelism is refused on
+    /// this backend): each sequence's probabilities in a reused scratch; `lse` is the host
+    /// kernel's and stays unwritten, as backward recomputes the probabilities whole.
+    fn flash_attention_forward(
+        &self,
+        out: DevMut<'_>,
+        _lse: DevMut<'_>,
+        qkv: DevRef<'_>,
+        _kv: Option<DevRef<'_>>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let t = at.pos.len();
+        let probs = self.scratch(nh * t * t, |s| &mut s.probs, 0.0);
+        self.exec(plan::flash_attention_forward(out.ptr, probs, qkv.ptr, b, t, c, nh));
+    }
+    fn flash_attention_backward(
+        &self,
+        dqkv: DevMut<'_>,
+        _dkv: Option<DevMut<'_>>,
+        dout: DevRef<'_>,
+        _out: DevRef<'_>,
+        _lse: DevRef<'_>,
+        qkv: DevRef<'_>,
+        _kv: Option<DevRef<'_>>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    ) {
+        let t = at.pos.len();
+        let probs = self.scratch(nh * t * t, |s| &mut s.probs, 0.0);
+        let datt = self.scratch(nh * t * t, |s| &mut s.datt, 0.0);
+        self.exec(plan::flash_attention_backward(
+            dqkv.ptr, dout.ptr, qkv.ptr, probs, datt, b, t, c, nh,
         ));
     }
     fn gelu_forward(&self, out: DevMut<'_>, inp: DevRef<'_>) {

@@ -34,6 +34,17 @@ use crate::flash::KeyValues;
 use crate::optim::AdamWConfig;
 use crate::Real;
 
+/// What a backend runs of flash attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Flash {
+    /// nothing: `--flash-attention` is refused
+    None,
+    /// over the qkv buffer itself (`--flash-attention`, no context parallelism)
+    SelfAttention,
+    /// also against gathered keys and values at global positions (`--cp`)
+    ContextParallel,
+}
+
 /// One device's buffers and kernels. See the module documentation.
 #[allow(clippy::too_many_arguments)]
 pub trait Backend {
@@ -188,13 +199,13 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
-    /// Whether the backend has [`crate::flash`]'s kernel pair (the host has; a device without
-    /// it is refused `--flash-attention` and `--cp` before training starts, so the two methods
-    /// below are never called there).
-    fn has_flash(&self) -> bool {
-        false
+    /// How much of [`crate::flash`]'s kernel pair the backend has; a layout that needs more is
+    /// refused before training starts, so the two methods below are never called beyond it.
+    fn flash(&self) -> Flash {
+        Flash::None
     }
-    /// Flash attention over the qkv buffer, or (with `kv`) against a gathered key/value buffer.
+    /// Flash attention over the qkv buffer, or (with `kv`, context parallelism) against a
+    /// gathered key/value buffer.
     fn flash_attention_forward(
         &self,
         _out: Self::Mut<'_>,

@@ -161,22 +161,68 @@ pub fn matmul_backward(
 /// head h are the HS columns at h·HS, C + h·HS, 2C + h·HS of each row of `qkv` [B, T, 3C].
 pub fn attention_forward(out: u64, att: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
     let hs = c / nh;
-    let scale = 1.0 / (hs as f32).sqrt();
     let mut steps = Vec::new();
     for bi in 0..b {
         let q = at(qkv, bi * t * 3 * c);
         let a = at(att, bi * nh * t * t);
-        // att_hᵀ[T, T] = (K_hᵀ [HS, T], ld 3C)ᵀ · Q_hᵀ[HS, T]
-        let scores = gemm(t, t, hs, (true, false), (3 * c, 3 * c, t)).batched(nh, (hs, hs, t * t));
-        steps.push(scores.call(scale, at(q, c), q, 0.0, a));
-        steps.push(Step::SoftmaxForward {
-            att: a,
-            rows: nh * t,
-            t,
-        });
+        steps.extend(probabilities(a, q, t, c, nh));
         // y_hᵀ[HS, T] = V_hᵀ[HS, T] · att_hᵀ[T, T]
         let values = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
         steps.push(values.call(1.0, at(q, 2 * c), a, 0.0, at(out, bi * t * c)));
+    }
+    steps
+}
+
+/// One sequence's causal softmax(scale·Q_h·K_hᵀ) into `a` [NH, T, T], from its `q` [T, 3C].
+fn probabilities(a: u64, q: u64, t: usize, c: usize, nh: usize) -> [Step; 2] {
+    let hs = c / nh;
+    let scale = 1.0 / (hs as f32).sqrt();
+    // att_hᵀ[T, T] = (K_hᵀ [HS, T], ld 3C)ᵀ · Q_hᵀ[HS, T]
+    let scores = gemm(t, t, hs, (true, false), (3 * c, 3 * c, t)).batched(nh, (hs, hs, t * t));
+    [
+        scores.call(scale, at(q, c), q, 0.0, a),
+        Step::SoftmaxForward {
+            att: a,
+            rows: nh * t,
+            t,
+        },
+    ]
+}
+
+/// What `flash::flash_attention_forward` computes over the qkv buffer itself, as the CUDA
+/// backend runs it: each sequence's probabilities in `scratch` [NH, T, T] (reused by the next
+/// sequence, so nothing T×T is kept), then y = P·V into `out`. Its backward recomputes them.
+pub fn flash_attention_forward(out: u64, scratch: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
+    let hs = c / nh;
+    let mut steps = Vec::new();
+    for bi in 0..b {
+        let q = at(qkv, bi * t * 3 * c);
+        steps.extend(probabilities(scratch, q, t, c, nh));
+        let values = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
+        steps.push(values.call(1.0, at(q, 2 * c), scratch, 0.0, at(out, bi * t * c)));
+    }
+    steps
+}
+
+/// `dqkv += ∂L/∂qkv` through [`flash_attention_forward`]: each sequence's probabilities
+/// recomputed into `scratch` [NH, T, T], then [`attention_backward`]'s steps over them.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward(
+    dqkv: u64,
+    dout: u64,
+    qkv: u64,
+    scratch: u64,
+    datt: u64,
+    b: usize,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for bi in 0..b {
+        let q = at(qkv, bi * t * 3 * c);
+        steps.extend(probabilities(scratch, q, t, c, nh));
+        steps.extend(sequence_backward(bi, dqkv, dout, qkv, scratch, datt, t, c, nh));
     }
     steps
 }
@@ -195,12 +241,30 @@ pub fn attention_backward(
     c: usize,
     nh: usize,
 ) -> Vec<Step> {
+    (0..b)
+        .flat_map(|bi| sequence_backward(bi, dqkv, dout, qkv, at(att, bi * nh * t * t), datt, t, c, nh))
+        .collect()
+}
+
+/// [`attention_backward`]'s steps for sequence `bi`, whose probabilities are at `a` [NH, T, T].
+#[allow(clippy::too_many_arguments)]
+fn sequence_backward(
+    bi: usize,
+    dqkv: u64,
+    dout: u64,
+    qkv: u64,
+    a: u64,
+    datt: u64,
+    t: usize,
+    c: usize,
+    nh: usize,
+) -> Vec<Step> {
     let hs = c / nh;
     let scale = 1.0 / (hs as f32).sqrt();
     let mut steps = Vec::new();
-    for bi in 0..b {
+    {
         let (q, dq) = (at(qkv, bi * t * 3 * c), at(dqkv, bi * t * 3 * c));
-        let (a, dy) = (at(att, bi * nh * t * t), at(dout, bi * t * c));
+        let dy = at(dout, bi * t * c);
         // datt_hᵀ[T, T] = (V_hᵀ [HS, T], ld 3C)ᵀ · dY_hᵀ[HS, T]
         let g = gemm(t, t, hs, (true, false), (3 * c, c, t)).batched(nh, (hs, hs, t * t));
         steps.push(g.call(1.0, at(q, 2 * c), dy, 0.0, datt));
@@ -373,6 +437,33 @@ mod tests {
         let (pdq, pd) = (ar.put(&dqkv0), ar.put(&dout));
         let scratch = ar.put(&vec![f64::NAN; nh * t * t]);
         execute_host(&attention_backward(pdq, pd, pq, pa, scratch, b, t, c, nh), &mut ar.mem);
+        close("dqkv", ar.get(pdq, b * t * 3 * c), &dqkv);
+    }
+
+    /// The CUDA backend's flash attention (probabilities in a reused scratch, recomputed in
+    /// backward) computes what the host's flash kernels compute.
+    #[test]
+    fn the_flash_attention_plans_compute_what_the_cpu_flash_kernels_compute() {
+        use crate::flash::{flash_attention_backward as fb, flash_attention_forward as ff, KeyValues};
+        let (b, t, c, nh) = (3, 6, 8, 2);
+        let qkv = rand(b * t * 3 * c, 21);
+        let own = KeyValues::own(t, c);
+        let (mut y, mut lse) = (vec![0.0; b * t * c], vec![0.0; b * nh * t]);
+        ff(&mut y, &mut lse, &qkv, &qkv, &own, b, c, nh);
+        let mut ar = Arena::new();
+        let pq = ar.put(&qkv);
+        let py = ar.put(&vec![f64::NAN; b * t * c]);
+        let (scratch, datt) = (ar.put(&vec![f64::NAN; nh * t * t]), ar.put(&vec![f64::NAN; nh * t * t]));
+        execute_host(&flash_attention_forward(py, scratch, pq, b, t, c, nh), &mut ar.mem);
+        close("out", ar.get(py, b * t * c), &y);
+        let (dout, dqkv0) = (rand(b * t * c, 22), rand(b * t * 3 * c, 23));
+        let mut dqkv = dqkv0.clone();
+        fb(&mut dqkv, None, &dout, &y, &lse, &qkv, &qkv, &own, b, c, nh);
+        let (pdq, pd) = (ar.put(&dqkv0), ar.put(&dout));
+        execute_host(
+            &flash_attention_backward(pdq, pd, pq, scratch, datt, b, t, c, nh),
+            &mut ar.mem,
+        );
         close("dqkv", ar.get(pdq, b * t * 3 * c), &dqkv);
     }
 }
