@@ -6,7 +6,8 @@
 #   2. the trainer (2 MPI ranks, the bench model 6×384, seq 256, global batch 8) on 3 layouts,
 #      then `exatrain calibrate --fit` on their reports (compute, memory, link factors);
 #   3. the trainer on 12 other layouts and `exatrain fidelity --cluster` on them: predicted vs
-#      measured per term, with the summary table.
+#      measured per term, with the summary table; then 3 layouts with flash attention and
+#      context parallelism, compared apart.
 # Data-parallel runs use --no-overlap-dp but one: a CPU rank has no spare engine to reduce
 # while it computes, so the planner's overlap (a GPU's) does not happen here (t12 shows it).
 # Usage: scripts/fidelity_bench.sh [OUT_DIR]   (about 5 minutes on 2 cores; needs Open MPI)
@@ -50,4 +51,10 @@ grep "time.step" "$out/fidelity.txt" | grep -v "^time"
 sed -n '/^term/,$p' "$out/fidelity.txt"
 echo "== the same before the fit (the benchmarked spec alone)"
 $x fidelity --runs "$out/test" --cluster "$out/local.toml" | sed -n '/^term/,$p' | grep -E "term|time"
+echo "== flash attention and context parallelism (apart, so the 12 layouts above stay comparable)"
+mkdir -p "$out/cp"
+train f1-flash-dp2-mb2 cp --flash-attention --micro-batch 2 --no-overlap-dp
+train f2-cp2-mb2 cp --cp 2 --flash-attention --micro-batch 2
+train f3-cp2-mb4-full cp --cp 2 --flash-attention --micro-batch 4 --recompute full
+$x fidelity --runs "$out/cp" --cluster "$out/fitted.toml" | sed -n '/^term/,$p'
 echo "wrote $out/fidelity.html"
