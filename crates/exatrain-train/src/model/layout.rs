@@ -382,22 +382,22 @@ impl ParamLayout {
 }
 
 /// One block's activations for a (B, T) microbatch, N = B·T (local shapes as in [`BlockParams`];
-/// under context parallelism T is the rank's T/cp tokens of each sequence).
+/// under context parallelism T is the rank's T/cp tokens of each sequence). With flash attention
+/// `att` holds each row's log-sum-exp; with context parallelism `kv` the whole sequence's keys
+/// and values in global order, gathered again in backward.
 /// Under recomputation the tensors not kept point into a scratch region shared by all blocks
 /// and microbatches, refilled in backward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 /// Rows: R = N/tp under sequence parallelism, else N; the `_full` tensors are the gathered [N, C]
 /// inputs of the column-parallel GEMMs and the [N, C] partial sums of the row-parallel ones.
 pub struct BlockActs {
-    pub ln1: Range<usize>,      // [R, C]
-    pub ln1_mean: Range<usize>, // [R]
-    pub ln1_rstd: Range<usize>, // [R]
-    pub ln1_full: Range<usize>, // [N, C]  (scratch: gathered again in backward)
-    pub qkv: Range<usize>,      // [N, 3Cl]
-    pub att: Range<usize>,      // [B, NH/tp, T, T]  (scratch under selective recompute); flash
-    //          attention: [B, NH/tp, T], each row's log-sum-exp
-    pub kv: Range<usize>, // [B, cp·T, 2Cl] the whole sequence's keys and values (cp > 1;
-    //          scratch: gathered again in backward)
+    pub ln1: Range<usize>,          // [R, C]
+    pub ln1_mean: Range<usize>,     // [R]
+    pub ln1_rstd: Range<usize>,     // [R]
+    pub ln1_full: Range<usize>,     // [N, C]  (scratch: gathered again in backward)
+    pub qkv: Range<usize>,          // [N, 3Cl]
+    pub att: Range<usize>,          // [B, NH/tp, T, T] (selective: scratch); flash: [B, NH/tp, T]
+    pub kv: Range<usize>,           // [B, cp·T, 2Cl] gathered keys, values (cp > 1; scratch)
     pub atty: Range<usize>,         // [N, Cl]
     pub attproj_full: Range<usize>, // [N, C]  (scratch)
     pub attproj: Range<usize>,      // [R, C]  (scratch)
