@@ -160,17 +160,23 @@ pub fn matmul_backward(
 /// causal into `att` [B, NH, T, T], then y_h = att_h·V_h into `out` [B, T, C]; Q, K and V of
 /// head h are the HS columns at h·HS, C + h·HS, 2C + h·HS of each row of `qkv` [B, T, 3C].
 pub fn attention_forward(out: u64, att: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
-    let hs = c / nh;
     let mut steps = Vec::new();
     for bi in 0..b {
         let q = at(qkv, bi * t * 3 * c);
         let a = at(att, bi * nh * t * t);
         steps.extend(probabilities(a, q, t, c, nh));
-        // y_hᵀ[HS, T] = V_hᵀ[HS, T] · att_hᵀ[T, T]
-        let values = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
-        steps.push(values.call(1.0, at(q, 2 * c), a, 0.0, at(out, bi * t * c)));
+        steps.push(values(at(out, bi * t * c), a, q, t, c, nh));
     }
     steps
+}
+
+/// One sequence's y_h = P_h·V_h into `out` [T, C], from the probabilities `a` [NH, T, T] and its
+/// `q` [T, 3C] (V at 2C).
+fn values(out: u64, a: u64, q: u64, t: usize, c: usize, nh: usize) -> Step {
+    let hs = c / nh;
+    // y_hᵀ[HS, T] = V_hᵀ[HS, T] · att_hᵀ[T, T]
+    let g = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
+    g.call(1.0, at(q, 2 * c), a, 0.0, out)
 }
 
 /// One sequence's causal softmax(scale·Q_h·K_hᵀ) into `a` [NH, T, T], from its `q` [T, 3C].
@@ -193,13 +199,11 @@ fn probabilities(a: u64, q: u64, t: usize, c: usize, nh: usize) -> [Step; 2] {
 /// backend runs it: each sequence's probabilities in `scratch` [NH, T, T] (reused by the next
 /// sequence, so nothing T×T is kept), then y = P·V into `out`. Its backward recomputes them.
 pub fn flash_attention_forward(out: u64, scratch: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
-    let hs = c / nh;
     let mut steps = Vec::new();
     for bi in 0..b {
         let q = at(qkv, bi * t * 3 * c);
         steps.extend(probabilities(scratch, q, t, c, nh));
-        let values = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
-        steps.push(values.call(1.0, at(q, 2 * c), scratch, 0.0, at(out, bi * t * c)));
+        steps.push(values(at(out, bi * t * c), scratch, q, t, c, nh));
     }
     steps
 }

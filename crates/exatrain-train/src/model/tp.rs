@@ -86,19 +86,26 @@ pub(super) fn kv_gather<B: Backend>(
     });
     let mut all = vec![<B::R as num_traits::Zero>::zero(); cp * mine.len()];
     g.cp_all_gather(&mine, &mut all)?;
-    let tk = cp * t;
     be.with_host_mut(kv, |kv| {
-        for r in 0..cp {
-            for (i, p) in crate::flash::cp_positions(tk, cp, r).into_iter().enumerate() {
-                for bi in 0..b {
-                    let src = (r * b * t + bi * t + i) * w;
-                    let dst = (bi * tk + p) * w;
-                    kv[dst..dst + w].copy_from_slice(&all[src..src + w]);
-                }
-            }
+        for (ranked, global) in rank_rows(b, t, cp) {
+            kv[global * w..(global + 1) * w].copy_from_slice(&all[ranked * w..(ranked + 1) * w]);
         }
     });
     Ok(())
+}
+
+/// (row in rank order, row in global order) of every key/value row of a microbatch under
+/// context parallelism: rank r's row (b, i) is row r·B·T + b·T + i of the gathered buffer and
+/// row b·cp·T + `cp_positions(cp·T, cp, r)[i]` of the sequence.
+fn rank_rows(b: usize, t: usize, cp: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tk = cp * t;
+    (0..cp).flat_map(move |r| {
+        let pos = crate::flash::cp_positions(tk, cp, r);
+        (0..b).flat_map(move |bi| {
+            let pos = pos.clone();
+            (0..t).map(move |i| (r * b * t + bi * t + i, bi * tk + pos[i]))
+        })
+    })
 }
 
 /// Context parallelism, backward: every rank's gradients of the whole sequence's keys and
@@ -111,17 +118,11 @@ pub(super) fn kv_scatter<B: Backend>(
     dkv: B::Ref<'_>,
     dqkv: B::Mut<'_>,
 ) -> Result<(), CommError> {
-    let (w, tk) = (2 * cl, cp * t);
+    let w = 2 * cl;
     let mut all = vec![<B::R as num_traits::Zero>::zero(); cp * b * t * w];
     be.with_host(dkv, |d| {
-        for r in 0..cp {
-            for (i, p) in crate::flash::cp_positions(tk, cp, r).into_iter().enumerate() {
-                for bi in 0..b {
-                    let dst = (r * b * t + bi * t + i) * w;
-                    let src = (bi * tk + p) * w;
-                    all[dst..dst + w].copy_from_slice(&d[src..src + w]);
-                }
-            }
+        for (ranked, global) in rank_rows(b, t, cp) {
+            all[ranked * w..(ranked + 1) * w].copy_from_slice(&d[global * w..(global + 1) * w]);
         }
     });
     let mut mine = vec![<B::R as num_traits::Zero>::zero(); b * t * w];
