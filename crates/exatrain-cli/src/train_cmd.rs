@@ -110,14 +110,15 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub pp: u32,
     /// Context-parallel size: each sequence split over this many ranks (two load-balanced
-    /// chunks each, keys and values all-gathered for the attention); needs --flash-attention.
+    /// chunks each, keys and values all-gathered for the attention); needs --flash-attention,
+    /// --device cpu.
     #[arg(long, default_value_t = 1)]
     pub cp: u32,
     /// Data-parallel size [default: ranks / (tp·cp·pp)].
     #[arg(long)]
     pub dp: Option<u32>,
     /// Flash attention: keep each row's log-sum-exp instead of the T×T probabilities, and
-    /// recompute them in backward (--device cpu; `--flash-attention`, or `--flash-attention 1|0`
+    /// recompute them in backward (both devices; `--flash-attention`, or `--flash-attention 1|0`
     /// as a tuner template fills it).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub flash_attention: bool,
