@@ -83,7 +83,7 @@ pub fn planned(p: &exatrain_cost::Plan) -> Value {
 /// Replace the report's `planned` figures by the planner's under `cluster`.
 pub fn replan(name: &str, v: &mut Value, cluster: &ClusterSpec) -> Result<(), SpecError> {
     let (model, layout) = planned_setup(name, v)?;
-    let cluster = &exatrain_train::parallel::trainer_cluster(cluster);
+    let cluster = &cluster.for_trainer();
     let p = exatrain_cost::plan(&model, cluster, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
     v["planned"] = planned(&p);
     v["cluster"] = serde_json::json!(cluster.name);
@@ -111,7 +111,7 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
             layout.grid()
         )));
     }
-    let any = exatrain_train::parallel::trainer_cluster(&exatrain_spec::presets::cluster("frontier")?);
+    let any = exatrain_spec::presets::cluster("frontier")?.for_trainer();
     let p = exatrain_cost::plan(&spec, &any, &layout).map_err(|e| SpecError::new(format!("report {name}: {e}")))?;
     for (kind, planned) in [
         ("tp", p.comm_bytes.tp),

@@ -148,7 +148,7 @@ impl Progress {
 /// activations) plus the logits and their gradient, which the trainer keeps in fp32.
 pub fn rank_bytes(spec: &ModelSpec, pc: &ParallelConfig) -> Result<f64, SpecError> {
     let (trained, layout) = exatrain_train::parallel::as_trained(spec, pc);
-    let cluster = exatrain_train::parallel::trainer_cluster(&exatrain_spec::load::cluster("frontier")?);
+    let cluster = exatrain_spec::load::cluster("frontier")?.for_trainer();
     let p = exatrain_cost::plan(&trained, &cluster, &layout)?;
     let m = &p.memory_bytes;
     let logits = 2.0 * 4.0 * pc.micro_batch as f64 * spec.seq_len as f64 * spec.padded_vocab as f64 / pc.tp as f64;

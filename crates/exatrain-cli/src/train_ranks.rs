@@ -18,7 +18,7 @@ use crate::train_cmd::{start, summary_line, Given, Run, TrainArgs};
 
 /// The measured breakdown of a parallel run beside the planner's prediction for its layout.
 fn report_json(a: &TrainArgs, run: &Run, reports: &[RankReport]) -> Result<serde_json::Value, SpecError> {
-    let cluster = parallel::trainer_cluster(&load::cluster(&a.cluster)?);
+    let cluster = load::cluster(&a.cluster)?.for_trainer();
     let (trained, layout) = parallel::as_trained(&run.spec, &run.pc);
     let planned = exatrain_cost::plan(&trained, &cluster, &layout)?;
     let measured = parallel::aggregate(reports);

@@ -336,7 +336,7 @@ fn train_eval(meta: &Meta, dir: &std::path::Path) -> Result<(String, Metric), Sp
 
 /// ln(predicted tokens/s) of every layout on the `prior` cluster, NaN where it does not fit.
 fn prior_of(meta: &Meta, space: &[ParallelConfig], prior: &ClusterSpec) -> Vec<f64> {
-    let trainer = exatrain_train::parallel::trainer_cluster(prior);
+    let trainer = prior.for_trainer();
     space
         .iter()
         .map(|c| {

@@ -423,6 +423,15 @@ impl ClusterSpec {
         c
     }
 
+    /// This cluster as exatrain's own trainer runs on it: no framework (its TP collectives and
+    /// context-parallel all-gathers block, fp32 gradients, one loss chunk), whatever framework
+    /// the stack names; the stack's efficiency and switches as they are.
+    pub fn for_trainer(&self) -> ClusterSpec {
+        let mut c = self.clone();
+        c.stack.framework = None;
+        c
+    }
+
     /// [`ClusterSpec::for_framework`] when a framework is named, else this cluster as it is.
     pub fn for_framework_opt(&self, f: Option<Framework>) -> ClusterSpec {
         f.map_or_else(|| self.clone(), |f| self.for_framework(f))

@@ -20,7 +20,7 @@ fn main() {
     let data = dir.join("data");
     exatrain_train::data::prepare(&corpus, spec.vocab, &data).unwrap();
     // bytes do not depend on the machine; priced as the trainer runs them (no framework)
-    let cluster = parallel::trainer_cluster(&presets::cluster("frontier").unwrap());
+    let cluster = presets::cluster("frontier").unwrap().for_trainer();
     let l = |tp, pp, dp, mb| ParallelConfig::new(tp, pp, dp, mb, 8);
     let layouts = [
         l(1, 1, 1, 8),

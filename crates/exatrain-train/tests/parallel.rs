@@ -416,7 +416,7 @@ fn bytes_moved_and_held_match_the_planner() {
     let dir = tmp("bytes");
     let data = dataset(&dir);
     // bytes do not depend on the machine; priced as the trainer runs them (no framework)
-    let cluster = parallel::trainer_cluster(&exatrain_spec::presets::cluster("frontier").unwrap());
+    let cluster = exatrain_spec::presets::cluster("frontier").unwrap().for_trainer();
     let cases = [
         layout(2, 2, 2, 2, 16),
         ParallelConfig {

@@ -324,15 +324,6 @@ pub fn as_trained(spec: &ModelSpec, pc: &ParallelConfig) -> (ModelSpec, Parallel
     (spec, pc)
 }
 
-/// The cluster as the planner should price this trainer on it: no framework (the trainer's own
-/// blocking TP collectives, its context-parallel all-gathers, fp32 gradients and one loss
-/// chunk), whatever framework the spec's stack names.
-pub fn trainer_cluster(c: &exatrain_spec::ClusterSpec) -> exatrain_spec::ClusterSpec {
-    let mut c = c.clone();
-    c.stack.framework = None;
-    c
-}
-
 /// The grid dimension sizes of a layout, for messages.
 pub fn describe(pc: &ParallelConfig) -> String {
     format!(
