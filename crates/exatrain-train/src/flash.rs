@@ -11,6 +11,7 @@
 
 use rayon::prelude::*;
 
+use crate::kernels::causal_softmax_row;
 use crate::Real;
 
 /// Where the keys and values of one attention call are, and which keys each query sees.
@@ -105,18 +106,7 @@ pub fn flash_attention_forward<R: Real>(
             scores(&mut s, q, 3 * c, k, at.stride, tq, tk, hs, scale);
             let mut l = vec![R::zero(); tq];
             for i in 0..tq {
-                let last = at.pos[i];
-                let row = &mut s[i * tk..(i + 1) * tk];
-                let max = row[..=last].iter().copied().fold(R::neg_infinity(), R::max);
-                let mut sum = R::zero();
-                for x in row[..=last].iter_mut() {
-                    *x = (*x - max).exp();
-                    sum = sum + *x;
-                }
-                let inv = R::one() / sum;
-                row[..=last].iter_mut().for_each(|x| *x = *x * inv);
-                row[last + 1..].iter_mut().for_each(|x| *x = R::zero());
-                l[i] = max + sum.ln();
+                l[i] = causal_softmax_row(&mut s[i * tk..(i + 1) * tk], at.pos[i]);
             }
             let mut y = vec![R::zero(); tq * hs];
             // SAFETY: s is Tq×Tk, V is Tk×hs with row stride `stride`, y is Tq×hs.

@@ -311,20 +311,7 @@ pub fn attention_forward<R: Real>(out: &mut [R], att: &mut [R], qkv: &[R], b: us
                 );
             }
             for i in 0..t {
-                let row = &mut a[i * t..(i + 1) * t];
-                let max = row[..=i].iter().copied().fold(R::neg_infinity(), R::max);
-                let mut sum = R::zero();
-                for x in row[..=i].iter_mut() {
-                    *x = (*x - max).exp();
-                    sum = sum + *x;
-                }
-                let inv = R::one() / sum;
-                for x in row[..=i].iter_mut() {
-                    *x = *x * inv;
-                }
-                for x in row[i + 1..].iter_mut() {
-                    *x = R::zero();
-                }
+                causal_softmax_row(&mut a[i * t..(i + 1) * t], i);
             }
             let mut y = vec![R::zero(); t * hs];
             // SAFETY: a is T×T, V is T×hs with row stride 3C, y is T×hs.
@@ -356,6 +343,25 @@ pub fn attention_forward<R: Real>(out: &mut [R], att: &mut [R], qkv: &[R], b: us
             out[o..o + hs].copy_from_slice(&y[i * hs..(i + 1) * hs]);
         }
     }
+}
+
+/// One row of scores in place: softmax over columns 0..=last, zeros after (the causal mask);
+/// returns the log-sum-exp of the row (flash attention keeps it).
+pub(crate) fn causal_softmax_row<R: Real>(row: &mut [R], last: usize) -> R {
+    let max = row[..=last].iter().copied().fold(R::neg_infinity(), R::max);
+    let mut sum = R::zero();
+    for x in row[..=last].iter_mut() {
+        *x = (*x - max).exp();
+        sum = sum + *x;
+    }
+    let inv = R::one() / sum;
+    for x in row[..=last].iter_mut() {
+        *x = *x * inv;
+    }
+    for x in row[last + 1..].iter_mut() {
+        *x = R::zero();
+    }
+    max + sum.ln()
 }
 
 /// dqkv += ∂L/∂qkv through causal attention, from dout[B,T,C] and the kept att[B,NH,T,T].
