@@ -114,6 +114,24 @@ fn layout(tp: u32, pp: u32, dp: u32, mb: u32, gb: u32) -> ParallelConfig {
     }
 }
 
+/// Run `pc` (data-parallel buckets of `bucket_elems`) and assert it trains what one process
+/// trained (`want`); its ranks' results.
+fn trains_like_one_process(
+    name: &str,
+    pc: &ParallelConfig,
+    sched: Schedule,
+    bucket_elems: usize,
+    data: &Path,
+    want: &Reference,
+) -> Vec<RankResult> {
+    let results: Vec<RankResult> = run_buckets(pc, sched, bucket_elems, data)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
+        .collect();
+    assert_matches(name, pc, &results, want);
+    results
+}
+
 fn assert_matches(name: &str, pc: &ParallelConfig, results: &[RankResult], want: &Reference) {
     for r in results {
         for (a, b) in r.losses.iter().zip(&want.losses) {
@@ -162,11 +180,7 @@ fn every_factorization_of_8_ranks_trains_what_one_process_trains() {
                 ..layout(tp, pp, dp, 2, 16)
             };
             let name = format!("tp {tp} pp {pp} dp {dp} zero {zero}");
-            let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-                .collect();
-            assert_matches(&name, &pc, &results, &want);
+            trains_like_one_process(&name, &pc, Schedule::OneFOneB, 0, &data, &want);
             n += 1;
         }
     }
@@ -271,11 +285,7 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
         ),
     ];
     for (name, pc, sched) in cases {
-        let results: Vec<RankResult> = run(&pc, sched, &data)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-            .collect();
-        assert_matches(name, &pc, &results, &want);
+        trains_like_one_process(name, &pc, sched, 0, &data, &want);
     }
 }
 
@@ -339,11 +349,7 @@ fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
         ),
     ];
     for (name, pc, sched) in cases {
-        let results: Vec<RankResult> = run(&pc, sched, &data)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-            .collect();
-        assert_matches(name, &pc, &results, &want);
+        let results = trains_like_one_process(name, &pc, sched, 0, &data, &want);
         if pc.cp > 1 {
             // the context-parallel ranks of a sequence end with the same weights
             let shape = GptShape::from_spec(&spec()).unwrap();
@@ -384,11 +390,7 @@ fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
             ..layout(tp, pp, dp, 1, 16)
         };
         let name = format!("{} overlap {overlap} (bucket per block)", parallel::describe(&pc));
-        let results: Vec<RankResult> = run_buckets(&pc, Schedule::OneFOneB, 1, &data)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-            .collect();
-        assert_matches(&name, &pc, &results, &want);
+        let results = trains_like_one_process(&name, &pc, Schedule::OneFOneB, 1, &data, &want);
         // the same bytes as one bucket per chunk, up to each bucket's padding to dp shards
         let one: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
             .into_iter()
@@ -664,11 +666,7 @@ fn uneven_pipeline_stages_train_what_one_process_trains() {
             "tp {tp} pp {pp} dp {dp} stages {:?}",
             (0..pp).map(|s| split.of(s)).collect::<Vec<_>>()
         );
-        let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-            .collect();
-        assert_matches(&name, &pc, &results, &want);
+        trains_like_one_process(&name, &pc, Schedule::OneFOneB, 0, &data, &want);
     }
 }
 
@@ -696,10 +694,6 @@ fn interleaved_stages_counting_the_embedding_and_the_loss_train_what_one_process
         assert_eq!(chunks[9], 8..8);
         assert!(chunks.windows(2).all(|w| w[0].end == w[1].start), "{chunks:?}");
         let name = format!("tp {tp} pp 5 v 2 chunks {chunks:?}");
-        let results: Vec<RankResult> = run(&pc, Schedule::OneFOneB, &data)
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{name}: {e}")))
-            .collect();
-        assert_matches(&name, &pc, &results, &want);
+        trains_like_one_process(&name, &pc, Schedule::OneFOneB, 0, &data, &want);
     }
 }
