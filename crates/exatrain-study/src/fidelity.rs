@@ -33,7 +33,6 @@ const TERMS: [(&str, &str, &str); 17] = [
     ("bytes.tp", "/measured/comm_bytes/tp", "/planned/comm_bytes/tp"),
     ("bytes.pp", "/measured/comm_bytes/pp", "/planned/comm_bytes/pp"),
     ("bytes.dp", "/measured/comm_bytes/dp", "/planned/comm_bytes/dp"),
-    // context parallelism (reports from before it have neither: read as 0)
     ("bytes.cp", "/measured/comm_bytes/cp", "/planned/comm_bytes/cp"),
     ("time.compute", "/measured/time_s/compute", "/planned/time_s/compute"),
     ("time.tp_comm", "/measured/time_s/tp_comm", "/planned/time_s/tp_comm"),
@@ -54,6 +53,9 @@ const TERMS: [(&str, &str, &str); 17] = [
         "/planned/memory_bytes/total",
     ),
 ];
+
+/// The terms context parallelism added: a report from before it has neither, read as 0.
+const SINCE_CP: [&str; 2] = ["bytes.cp", "time.cp_comm"];
 
 /// One term of one run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -134,9 +136,8 @@ pub fn compare(runs: &[(String, Value)], tolerance: f64) -> Result<Fidelity, Str
     let mut rows = Vec::new();
     for (name, rep) in runs {
         for (term, m, p) in TERMS {
-            let cp_term = term.ends_with("cp") || term.ends_with("cp_comm");
             let get = |path: &str| match rep.pointer(path) {
-                None if cp_term => Ok(0.0),
+                None if SINCE_CP.contains(&term) => Ok(0.0),
                 x => x
                     .and_then(Value::as_f64)
                     .ok_or_else(|| format!("{name}: no number at {path} (not an `exatrain train --report` file?)")),
