@@ -116,7 +116,7 @@ fn csv_runs(
             layout: c.cfg,
             time_s: Default::default(),
             step_s: Some(step),
-            framework: Some(c.framework),
+            stack: exatrain_cost::fit::RunStack::Framework(c.framework),
             // the row's softmax, async_tp, bias_fusion and overlap_pp, as validate prices it
             switches: exatrain_spec::StackSwitches::of(&c.cluster.stack),
         });

@@ -308,7 +308,7 @@ pub fn measured(path: &Path, model_filter: Option<&str>) -> Result<(Measured, Fr
             time_s: Default::default(),
             step_s: Some(step),
             switches: switches_from_args(&log),
-            framework: Some(match log.format {
+            stack: exatrain_cost::fit::RunStack::Framework(match log.format {
                 exatrain_tune::logs::LogFormat::MegatronLm => exatrain_spec::Framework::MegatronLm,
                 exatrain_tune::logs::LogFormat::MegatronDeepspeed => exatrain_spec::Framework::MegatronDeepspeed,
                 exatrain_tune::logs::LogFormat::Torchtitan => exatrain_spec::Framework::Torchtitan,

@@ -138,7 +138,7 @@ pub fn measured(name: &str, v: &Value, model: Option<&str>) -> Result<Measured, 
         layout,
         time_s,
         step_s: None,
-        framework: None,
+        stack: exatrain_cost::fit::RunStack::Trainer,
         switches: Default::default(),
     })
 }

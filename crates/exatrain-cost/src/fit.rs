@@ -28,20 +28,35 @@ pub struct Measured {
     pub time_s: Times,
     /// Measured wall time per step, when only that is known (framework logs).
     pub step_s: Option<f64>,
-    /// The framework that ran it: the fitted stack is carried to it before predicting
-    /// (`ClusterSpec::for_framework`), so one fit serves runs of several frameworks. None: the
-    /// cluster's own stack (exatrain's trainer reports).
-    pub framework: Option<Framework>,
+    /// The code that ran it, which the fitted stack is carried to before predicting.
+    pub stack: RunStack,
     /// The stack switches the run's code set (a published run's CSV row, a Megatron-LM log's
     /// arguments), applied over the cluster's before predicting; default: the cluster's.
     pub switches: StackSwitches,
 }
 
+/// The code that ran a measured run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStack {
+    /// The stack the cluster spec names, as it is.
+    Cluster,
+    /// exatrain's trainer (its reports): no framework whatever the spec names
+    /// ([`ClusterSpec::for_trainer`]) — its collectives block, its gradients are fp32 — with the
+    /// stack's efficiency as it is.
+    Trainer,
+    /// A framework (published runs, framework logs): the stack carried to it
+    /// ([`ClusterSpec::for_framework`]), so one fit serves runs of several frameworks.
+    Framework(Framework),
+}
+
 impl Measured {
-    /// `c` as this run's code ran on it: carried to its framework
-    /// ([`ClusterSpec::for_framework`]), with the stack switches the run names.
+    /// `c` as this run's code ran on it ([`RunStack`]), with the stack switches the run names.
     pub fn cluster_as_run(&self, c: &ClusterSpec) -> ClusterSpec {
-        let mut own = c.for_framework_opt(self.framework);
+        let mut own = match self.stack {
+            RunStack::Cluster => c.clone(),
+            RunStack::Trainer => c.for_trainer(),
+            RunStack::Framework(f) => c.for_framework(f),
+        };
         self.switches.apply(&mut own.stack);
         own
     }

@@ -180,7 +180,7 @@ fn memory_savers_save_memory_and_cost_time() {
 
 #[test]
 fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
-    use exatrain_cost::fit::{fit, Factor, Measured};
+    use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
     let base = presets::cluster("frontier").unwrap();
     let truth_x = [
         (Factor::Compute, 0.55),
@@ -228,7 +228,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 layout: *l,
                 time_s,
                 step_s: None,
-                framework: None,
+                stack: RunStack::Cluster,
                 switches: Default::default(),
             }
         })
@@ -266,7 +266,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
                 model,
                 layout: l,
                 step_s: None,
-                framework: None,
+                stack: RunStack::Cluster,
                 switches: Default::default(),
             }
         })
@@ -282,12 +282,83 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
     );
 }
 
+/// Trainer reports fitted against a cluster whose stack names a framework (a preset: Megatron-LM)
+/// are priced as the trainer runs them (no framework: blocking TP collectives, fp32 gradients),
+/// so the fit recovers the machine; priced as the framework (its asynchronous TP overlap) the
+/// same reports fit worse and give other factors.
+#[test]
+fn trainer_reports_fit_as_the_trainer_runs_whatever_framework_the_cluster_names() {
+    use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
+    let base = presets::cluster("frontier").unwrap();
+    assert!(base.stack.framework.is_some(), "the preset names a framework");
+    let truth_x = [
+        (Factor::Compute, 0.8),
+        (Factor::Memory, 0.9),
+        (Factor::Bandwidth, 0.5),
+        (Factor::Latency, 2.0),
+    ];
+    let mut truth = base.clone();
+    for (f, x) in truth_x {
+        f.apply(&mut truth, x);
+    }
+    let truth = truth.for_trainer();
+    let sp = |l: ParallelConfig| ParallelConfig {
+        sequence_parallel: true,
+        ..l
+    };
+    let layouts = [
+        sp(ParallelConfig::new(4, 1, 2, 1, 16)),
+        sp(ParallelConfig::new(8, 1, 1, 2, 16)),
+        ParallelConfig {
+            zero: 1,
+            ..sp(ParallelConfig::new(2, 2, 2, 1, 32))
+        },
+        ParallelConfig::new(1, 2, 4, 1, 16),
+    ];
+    let runs: Vec<Measured> = layouts
+        .iter()
+        .map(|l| {
+            let model = presets::model("gpt-22b").unwrap();
+            Measured {
+                name: format!("{l:?}"),
+                time_s: plan(&model, &truth, l).unwrap().time_s,
+                model,
+                layout: *l,
+                step_s: None,
+                stack: RunStack::Trainer,
+                switches: Default::default(),
+            }
+        })
+        .collect();
+    let f = fit(&base, &runs).unwrap();
+    for (fx, (factor, want)) in f.factors.iter().zip(truth_x) {
+        assert_eq!(fx.factor, factor);
+        assert!(
+            (fx.multiplier / want - 1.0).abs() < 0.02,
+            "{factor:?}: {} vs {want}",
+            fx.multiplier
+        );
+    }
+    assert!(f.rms_log_error_after < 1e-3, "{f:?}");
+    // the same reports priced as the cluster's framework runs them
+    let as_framework: Vec<Measured> = runs
+        .iter()
+        .cloned()
+        .map(|r| Measured {
+            stack: RunStack::Cluster,
+            ..r
+        })
+        .collect();
+    let g = fit(&base, &as_framework).unwrap();
+    assert!(g.rms_log_error_after > 10.0 * f.rms_log_error_after.max(1e-4), "{g:?}");
+}
+
 /// One short run (the study's method: run briefly, then project): one or two step times fit the
 /// compute factor alone, exactly when the machine differs from the spec in compute only, and
 /// keep every other factor; no runs at all is refused.
 #[test]
 fn one_or_two_step_times_fit_the_compute_factor_alone() {
-    use exatrain_cost::fit::{fit, Factor, Measured};
+    use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
     let base = presets::cluster("dgx-h100").unwrap();
     let mut truth = base.clone();
     Factor::Compute.apply(&mut truth, 0.7);
@@ -298,7 +369,7 @@ fn one_or_two_step_times_fit_the_compute_factor_alone() {
         layout: l,
         time_s: Default::default(),
         step_s: Some(plan(&model, &truth, &l).unwrap().step_time_s),
-        framework: None,
+        stack: RunStack::Cluster,
         switches: Default::default(),
     };
     let one = [run(ParallelConfig::new(8, 1, 2, 1, 64))];
@@ -326,7 +397,7 @@ fn one_or_two_step_times_fit_the_compute_factor_alone() {
 /// bandwidth factors from the whole step and keeps memory and latency.
 #[test]
 fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
-    use exatrain_cost::fit::{fit, Factor, Measured};
+    use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
     let base = presets::cluster("dgx-h100").unwrap();
     let mut truth = base.clone();
     Factor::Compute.apply(&mut truth, 0.8);
@@ -350,7 +421,7 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
             layout: *l,
             time_s: Default::default(),
             step_s: Some(step),
-            framework: None,
+            stack: RunStack::Cluster,
             switches: Default::default(),
         }
     })
@@ -367,7 +438,7 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
 /// framework, so the fit recovers the machine's one stack factor (not a blend of the two).
 #[test]
 fn a_fit_carries_each_run_to_its_framework() {
-    use exatrain_cost::fit::{fit, Factor, Measured};
+    use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
     use exatrain_spec::Framework;
     let base = presets::cluster("dgx-h100").unwrap();
     assert_eq!(base.stack.framework, Some(Framework::MegatronLm));
@@ -397,7 +468,7 @@ fn a_fit_carries_each_run_to_its_framework() {
                 layout: *l,
                 time_s: Default::default(),
                 step_s: Some(step),
-                framework: Some(fw),
+                stack: RunStack::Framework(fw),
                 switches: Default::default(),
             }
         })
@@ -410,7 +481,10 @@ fn a_fit_carries_each_run_to_its_framework() {
     let blind: Vec<Measured> = runs
         .iter()
         .cloned()
-        .map(|r| Measured { framework: None, ..r })
+        .map(|r| Measured {
+            stack: RunStack::Cluster,
+            ..r
+        })
         .collect();
     let g = fit(&base, &blind).unwrap();
     assert!(
