@@ -254,26 +254,37 @@ impl Ops<'_> {
         launch!(self, "pointwise", "scale_f32", grid_for(n), [x, s, n as i64])
     }
 
-    /// In place over att[rows, T]: the causal softmax of each row (row i of a head keeps
-    /// columns ≤ i).
-    pub fn softmax_causal_forward(&self, att: Ptr, rows: usize, t: usize) -> Result<(), GpuError> {
+    /// In place over att[rows, Tk]: the causal softmax of each row, row r being the query at
+    /// global position `r mod tq + offset` (it keeps columns ≤ that position).
+    pub fn softmax_causal_forward(
+        &self,
+        att: Ptr,
+        rows: usize,
+        (tq, tk, offset): (usize, usize, usize),
+    ) -> Result<(), GpuError> {
         launch!(
             self,
             "attention",
             "softmax_causal_forward",
             warp_per_row(rows),
-            [att, rows as i64, i(t)]
+            [att, rows as i64, i(tq), i(tk), i(offset)]
         )
     }
 
-    /// In place: datt becomes the gradient at the softmax's input.
-    pub fn softmax_causal_backward(&self, datt: Ptr, att: Ptr, rows: usize, t: usize) -> Result<(), GpuError> {
+    /// In place: datt becomes the gradient at the softmax's input (rows as the forward's).
+    pub fn softmax_causal_backward(
+        &self,
+        datt: Ptr,
+        att: Ptr,
+        rows: usize,
+        (tq, tk, offset): (usize, usize, usize),
+    ) -> Result<(), GpuError> {
         launch!(
             self,
             "attention",
             "softmax_causal_backward",
             warp_per_row(rows),
-            [datt, att, rows as i64, i(t)]
+            [datt, att, rows as i64, i(tq), i(tk), i(offset)]
         )
     }
 

@@ -190,38 +190,42 @@ fn gelu_and_residual_match_the_cpu() {
 #[ignore = "needs an NVIDIA GPU (scripts/device_check.sh runs it on the GPU machine)"]
 fn causal_softmax_matches_the_reference() {
     let g = gpu();
-    let (rows_per_head, heads) = (37, 6); // T = 37 (not a multiple of the warp)
-    let t = rows_per_head;
-    let rows = heads * t;
-    for p in MODES {
-        let ops = Ops { gpu: &g, p };
-        let (att, ah) = upx(&g, p, &rand(rows * t, 21, 6.0));
-        ops.softmax_causal_forward(att.ptr(&g), rows, t).unwrap();
-        let mut want = vec![0.0; rows * t];
-        for r in 0..rows {
-            let i = r % t;
-            let row = &ah[r * t..(r + 1) * t];
-            let mx = row[..=i].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let s: f64 = row[..=i].iter().map(|v| (v - mx).exp()).sum();
-            for j in 0..=i {
-                want[r * t + j] = (row[j] - mx).exp() / s;
+    // self-attention: T = 37 (not a multiple of the warp); a context-parallel chunk: 9 queries
+    // from position 20 against its 29 keys
+    for (tq, tk, offset) in [(37, 37, 0), (9, 29, 20)] {
+        let heads = 6;
+        let rows = heads * tq;
+        for p in MODES {
+            let ops = Ops { gpu: &g, p };
+            let (att, ah) = upx(&g, p, &rand(rows * tk, 21, 6.0));
+            ops.softmax_causal_forward(att.ptr(&g), rows, (tq, tk, offset)).unwrap();
+            let mut want = vec![0.0; rows * tk];
+            for r in 0..rows {
+                let i = r % tq + offset;
+                let row = &ah[r * tk..(r + 1) * tk];
+                let mx = row[..=i].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = row[..=i].iter().map(|v| (v - mx).exp()).sum();
+                for j in 0..=i {
+                    want[r * tk + j] = (row[j] - mx).exp() / s;
+                }
             }
-        }
-        let got = att.read(&g);
-        close("softmax_causal_forward", p, &got, &want);
-        let (datt, dh) = upx(&g, p, &rand(rows * t, 22, 1.0));
-        ops.softmax_causal_backward(datt.ptr(&g), att.ptr(&g), rows, t).unwrap();
-        let mut dwant = vec![0.0; rows * t];
-        for r in 0..rows {
-            let i = r % t;
-            let a = &got[r * t..(r + 1) * t];
-            let d = &dh[r * t..(r + 1) * t];
-            let s: f64 = (0..=i).map(|j| a[j] * d[j]).sum();
-            for j in 0..=i {
-                dwant[r * t + j] = a[j] * (d[j] - s);
+            let got = att.read(&g);
+            close("softmax_causal_forward", p, &got, &want);
+            let (datt, dh) = upx(&g, p, &rand(rows * tk, 22, 1.0));
+            ops.softmax_causal_backward(datt.ptr(&g), att.ptr(&g), rows, (tq, tk, offset))
+                .unwrap();
+            let mut dwant = vec![0.0; rows * tk];
+            for r in 0..rows {
+                let i = r % tq + offset;
+                let a = &got[r * tk..(r + 1) * tk];
+                let d = &dh[r * tk..(r + 1) * tk];
+                let s: f64 = (0..=i).map(|j| a[j] * d[j]).sum();
+                for j in 0..=i {
+                    dwant[r * tk + j] = a[j] * (d[j] - s);
+                }
             }
+            close("softmax_causal_backward", p, &datt.read(&g), &dwant);
         }
-        close("softmax_causal_backward", p, &datt.read(&g), &dwant);
     }
 }
 

@@ -190,7 +190,7 @@ fn the_trainer_on_the_gpu_takes_the_cpus_steps() {
 
 #[test]
 #[ignore = "needs an NVIDIA GPU (scripts/device_check.sh runs it on the GPU machine)"]
-fn five_parallel_layouts_sharing_the_gpu_train_what_one_rank_trains() {
+fn parallel_layouts_sharing_the_gpu_train_what_one_rank_trains() {
     use exatrain_parallel::comm::in_process;
     use exatrain_spec::{Dtype, ParallelConfig};
     use exatrain_train::parallel::{self, Options};
@@ -203,12 +203,23 @@ fn five_parallel_layouts_sharing_the_gpu_train_what_one_rank_trains() {
         sequence_parallel: sp,
         ..ParallelConfig::new(tp, pp, dp, 2, 8)
     };
+    let flash = |pc: ParallelConfig, cp: u32| ParallelConfig {
+        flash_attention: true,
+        cp,
+        ..pc
+    };
     for (name, pc) in [
         ("tp 2", layout(2, 1, 1, 0, false)),
         ("pp 2", layout(1, 2, 1, 0, false)),
         ("dp 2, ZeRO-1", layout(1, 1, 2, 1, false)),
         ("tp 2 × pp 2, sequence parallel", layout(2, 2, 1, 0, true)),
         ("tp 2 × dp 2, ZeRO-2", layout(2, 1, 2, 2, false)),
+        // flash attention, and context parallelism (each sequence's 32 tokens over 2 or 4 ranks,
+        // the keys and values gathered)
+        ("flash", flash(layout(1, 1, 1, 0, false), 1)),
+        ("cp 2", flash(layout(1, 1, 1, 0, false), 2)),
+        ("cp 2 × tp 2, sequence parallel", flash(layout(2, 1, 1, 0, true), 2)),
+        ("cp 4 × pp 2", flash(layout(1, 2, 1, 0, false), 4)),
     ] {
         let n = pc.gpus() as usize;
         let backends: Vec<Cuda> = (0..n)

@@ -11,7 +11,9 @@
 //!   `datt` [NH, T, T] in a scratch buffer. Flash attention (`--flash-attention`) is the same
 //!   plan with each sequence's probabilities in a reused scratch instead of the activations,
 //!   recomputed in backward: nothing T×T kept between the passes, as the planner prices it.
-//!   Context parallelism needs the position-aware host kernels and is refused here.
+//!   Context parallelism is the same plan against the gathered keys and values: each
+//!   contiguous run of the rank's query positions (its two chunks) is one block against the
+//!   keys before its end, the softmax kernel masking by global position.
 //! - **Precision**: the all-fp32 mode (`floatX = float`), so every buffer of the offset tables
 //!   holds f32 exactly as on the CPU and the layouts carry over unchanged. bf16 activations need
 //!   the norm and loss statistics kept in fp32 beside them (a second region in the activation
@@ -176,9 +178,11 @@ impl Inner {
                         unsafe { lock(&self.lt).gemm(&sh, g.alpha, g.a, g.b, g.beta, g.c) }
                     });
                 }
-                Step::SoftmaxForward { att, rows, t } => self.run(|o| o.softmax_causal_forward(att, rows, t)),
-                Step::SoftmaxBackward { datt, att, rows, t } => {
-                    self.run(|o| o.softmax_causal_backward(datt, att, rows, t))
+                Step::SoftmaxForward { att, rows, mask } => {
+                    self.run(|o| o.softmax_causal_forward(att, rows, (mask.tq, mask.tk, mask.offset)))
+                }
+                Step::SoftmaxBackward { datt, att, rows, mask } => {
+                    self.run(|o| o.softmax_causal_backward(datt, att, rows, (mask.tq, mask.tk, mask.offset)))
                 }
             }
         }
@@ -577,45 +581,55 @@ impl Backend for Cuda {
         ));
     }
     fn flash(&self) -> Flash {
-        Flash::SelfAttention
+        Flash::ContextParallel
     }
-    /// Over the qkv buffer itself (`at` is `KeyValues::own`; context parallelism is refused on
-    /// this backend): each sequence's probabilities in a reused scratch; `lse` is the host
+    /// Each sequence's probabilities (each run of the rank's query positions against the keys
+    /// before its end, under context parallelism) in a reused scratch; `lse` is the host
     /// kernel's and stays unwritten, as backward recomputes the probabilities whole.
     fn flash_attention_forward(
         &self,
         out: DevMut<'_>,
         _lse: DevMut<'_>,
         qkv: DevRef<'_>,
-        _kv: Option<DevRef<'_>>,
+        kv: Option<DevRef<'_>>,
         at: &KeyValues,
         b: usize,
         c: usize,
         nh: usize,
     ) {
-        let t = at.pos.len();
-        let probs = self.scratch(nh * t * t, |s| &mut s.probs, 0.0);
-        self.exec(plan::flash_attention_forward(out.ptr, probs, qkv.ptr, b, t, c, nh));
+        let probs = self.scratch(nh * at.pos.len() * at.tk, |s| &mut s.probs, 0.0);
+        let kv = kv.map_or(qkv.ptr, |k| k.ptr);
+        self.exec(plan::flash_attention_forward(out.ptr, probs, qkv.ptr, kv, at, b, c, nh));
     }
     fn flash_attention_backward(
         &self,
         dqkv: DevMut<'_>,
-        _dkv: Option<DevMut<'_>>,
+        dkv: Option<DevMut<'_>>,
         dout: DevRef<'_>,
         _out: DevRef<'_>,
         _lse: DevRef<'_>,
         qkv: DevRef<'_>,
-        _kv: Option<DevRef<'_>>,
+        kv: Option<DevRef<'_>>,
         at: &KeyValues,
         b: usize,
         c: usize,
         nh: usize,
     ) {
-        let t = at.pos.len();
-        let probs = self.scratch(nh * t * t, |s| &mut s.probs, 0.0);
-        let datt = self.scratch(nh * t * t, |s| &mut s.datt, 0.0);
+        let n = nh * at.pos.len() * at.tk;
+        let probs = self.scratch(n, |s| &mut s.probs, 0.0);
+        let datt = self.scratch(n, |s| &mut s.datt, 0.0);
+        let (kv, dkv) = (kv.map_or(qkv.ptr, |k| k.ptr), dkv.map_or(dqkv.ptr, |d| d.ptr));
         self.exec(plan::flash_attention_backward(
-            dqkv.ptr, dout.ptr, qkv.ptr, probs, datt, b, t, c, nh,
+            dqkv.ptr,
+            dkv,
+            dout.ptr,
+            qkv.ptr,
+            kv,
+            (probs, datt),
+            at,
+            b,
+            c,
+            nh,
         ));
     }
     fn gelu_forward(&self, out: DevMut<'_>, inp: DevRef<'_>) {

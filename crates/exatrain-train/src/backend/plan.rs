@@ -8,6 +8,8 @@
 //! Row-major `X[r, c]` with row stride `L` is column-major `Xᵀ` with leading dimension `L`, so
 //! every row-major product `C = A·B` is issued as the column-major `Cᵀ = Bᵀ·Aᵀ`.
 
+use crate::flash::KeyValues;
+
 /// Bytes per element (the all-fp32 mode).
 pub const ELEM: u64 = 4;
 
@@ -38,19 +40,29 @@ pub struct Gemm {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Step {
     Gemm(Gemm),
-    /// In place over `rows` rows of `t`: the causal softmax (row r keeps columns ≤ r mod t).
+    /// In place over `rows` rows of `mask.tk`: the causal softmax, row r being the query at
+    /// global position `r mod mask.tq + mask.offset` (it keeps columns ≤ that position).
     SoftmaxForward {
         att: u64,
         rows: usize,
-        t: usize,
+        mask: Mask,
     },
     /// In place: `datt` becomes the gradient at the softmax's input.
     SoftmaxBackward {
         datt: u64,
         att: u64,
         rows: usize,
-        t: usize,
+        mask: Mask,
     },
+}
+
+/// The causal mask of a block of attention rows: `tq` query rows per head, at global positions
+/// `offset..offset + tq`, against `tk` keys in global order (the row length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask {
+    pub tq: usize,
+    pub tk: usize,
+    pub offset: usize,
 }
 
 /// The address `off` elements past `p`.
@@ -156,77 +168,202 @@ pub fn matmul_backward(
     steps
 }
 
+/// One attention call's operands: the queries' qkv [B, Tq, 3C] and its gradient, and where the
+/// keys and values are as `at` says — the qkv buffer itself (`KeyValues::own`: its gradient is
+/// dqkv's K and V parts) or, under context parallelism, a gathered [B, Tk, 2C] buffer in global
+/// order with its own gradient.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    qkv: u64,
+    kv: u64,
+    at: &'a KeyValues,
+    c: usize,
+    nh: usize,
+}
+
+/// The query rows of `pos` in contiguous runs of global positions: (first row, rows, the first
+/// row's position). Self-attention is one run; a context-parallel rank's two chunks are two.
+fn runs(pos: &[usize]) -> Vec<(usize, usize, usize)> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &p) in pos.iter().enumerate() {
+        match out.last_mut() {
+            Some((lo, len, p0)) if *lo + *len == i && *p0 + *len == p => *len += 1,
+            _ => out.push((i, 1, p)),
+        }
+    }
+    out
+}
+
+impl Operands<'_> {
+    fn hs(&self) -> usize {
+        self.c / self.nh
+    }
+    /// Sequence `bi`'s query rows from `lo` (their qkv rows) and its keys' rows.
+    fn rows(&self, bi: usize, lo: usize) -> (u64, u64) {
+        let tq = self.at.pos.len();
+        (
+            at(self.qkv, (bi * tq + lo) * 3 * self.c),
+            at(self.kv, bi * self.at.tk * self.at.stride),
+        )
+    }
+
+    /// The causal softmax(scale·Q_h·K_hᵀ) of one run of `len` queries from row `lo` (positions
+    /// from `p0`) against the `p0 + len` keys they see, into `a` [NH, len, p0 + len].
+    fn probabilities(&self, a: u64, bi: usize, (lo, len, p0): (usize, usize, usize)) -> [Step; 2] {
+        let (hs, kl, st) = (self.hs(), p0 + len, self.at.stride);
+        let scale = 1.0 / (hs as f32).sqrt();
+        let (q, kv) = self.rows(bi, lo);
+        // att_hᵀ[kl, len] = (K_hᵀ [HS, kl], ld stride)ᵀ · Q_hᵀ[HS, len]
+        let scores = gemm(kl, len, hs, (true, false), (st, 3 * self.c, kl)).batched(self.nh, (hs, hs, len * kl));
+        [
+            scores.call(scale, at(kv, self.at.k), q, 0.0, a),
+            Step::SoftmaxForward {
+                att: a,
+                rows: self.nh * len,
+                mask: Mask {
+                    tq: len,
+                    tk: kl,
+                    offset: p0,
+                },
+            },
+        ]
+    }
+
+    /// The run's y_h = P_h·V_h into `out` [B, Tq, C], from the probabilities `a`.
+    fn values(&self, out: u64, a: u64, bi: usize, (lo, len, p0): (usize, usize, usize)) -> Step {
+        let (hs, kl, st) = (self.hs(), p0 + len, self.at.stride);
+        let (_, kv) = self.rows(bi, lo);
+        let y = at(out, (bi * self.at.pos.len() + lo) * self.c);
+        // y_hᵀ[HS, len] = V_hᵀ[HS, kl] · att_hᵀ[kl, len]
+        let g = gemm(hs, len, kl, (false, false), (st, kl, self.c)).batched(self.nh, (hs, len * kl, hs));
+        g.call(1.0, at(kv, self.at.v), a, 0.0, y)
+    }
+
+    /// `dq += ∂L/∂Q` into dqkv [B, Tq, 3C] and `dk`, `dv` += into `dkv` (laid out as the keys)
+    /// for the run, from its probabilities `a`; `datt` is scratch for [NH, len, p0 + len].
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        dqkv: u64,
+        dkv: u64,
+        dout: u64,
+        a: u64,
+        datt: u64,
+        bi: usize,
+        run: (usize, usize, usize),
+    ) -> Vec<Step> {
+        let (lo, len, p0) = run;
+        let (hs, kl, st, c) = (self.hs(), p0 + len, self.at.stride, self.c);
+        let scale = 1.0 / (hs as f32).sqrt();
+        let (q, kv) = self.rows(bi, lo);
+        let tq = self.at.pos.len();
+        let dq = at(dqkv, (bi * tq + lo) * 3 * c);
+        let dkv = at(dkv, bi * self.at.tk * st);
+        let dy = at(dout, (bi * tq + lo) * c);
+        let sq = self.nh;
+        vec![
+            // datt_hᵀ[kl, len] = (V_hᵀ [HS, kl], ld stride)ᵀ · dY_hᵀ[HS, len]
+            gemm(kl, len, hs, (true, false), (st, c, kl))
+                .batched(sq, (hs, hs, len * kl))
+                .call(1.0, at(kv, self.at.v), dy, 0.0, datt),
+            // dV_hᵀ[HS, kl] += dY_hᵀ[HS, len] · (att_hᵀ stored [kl, len])ᵀ
+            gemm(hs, kl, len, (false, true), (c, kl, st))
+                .batched(sq, (hs, len * kl, hs))
+                .call(1.0, dy, a, 1.0, at(dkv, self.at.v)),
+            Step::SoftmaxBackward {
+                datt,
+                att: a,
+                rows: sq * len,
+                mask: Mask {
+                    tq: len,
+                    tk: kl,
+                    offset: p0,
+                },
+            },
+            // dQ_hᵀ[HS, len] += scale · K_hᵀ[HS, kl] · dS_hᵀ[kl, len]
+            gemm(hs, len, kl, (false, false), (st, kl, 3 * c))
+                .batched(sq, (hs, len * kl, hs))
+                .call(scale, at(kv, self.at.k), datt, 1.0, dq),
+            // dK_hᵀ[HS, kl] += scale · Q_hᵀ[HS, len] · (dS_hᵀ stored)ᵀ
+            gemm(hs, kl, len, (false, true), (3 * c, kl, st))
+                .batched(sq, (hs, len * kl, hs))
+                .call(scale, q, datt, 1.0, at(dkv, self.at.k)),
+        ]
+    }
+}
+
 /// What `kernels::attention_forward` computes, per sequence: att_h = softmax(scale·Q_h·K_hᵀ)
 /// causal into `att` [B, NH, T, T], then y_h = att_h·V_h into `out` [B, T, C]; Q, K and V of
 /// head h are the HS columns at h·HS, C + h·HS, 2C + h·HS of each row of `qkv` [B, T, 3C].
 pub fn attention_forward(out: u64, att: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
+    let own = KeyValues::own(t, c);
+    let o = Operands {
+        qkv,
+        kv: qkv,
+        at: &own,
+        c,
+        nh,
+    };
     let mut steps = Vec::new();
     for bi in 0..b {
-        let q = at(qkv, bi * t * 3 * c);
         let a = at(att, bi * nh * t * t);
-        steps.extend(probabilities(a, q, t, c, nh));
-        steps.push(values(at(out, bi * t * c), a, q, t, c, nh));
+        steps.extend(o.probabilities(a, bi, (0, t, 0)));
+        steps.push(o.values(out, a, bi, (0, t, 0)));
     }
     steps
 }
 
-/// One sequence's y_h = P_h·V_h into `out` [T, C], from the probabilities `a` [NH, T, T] and its
-/// `q` [T, 3C] (V at 2C).
-fn values(out: u64, a: u64, q: u64, t: usize, c: usize, nh: usize) -> Step {
-    let hs = c / nh;
-    // y_hᵀ[HS, T] = V_hᵀ[HS, T] · att_hᵀ[T, T]
-    let g = gemm(hs, t, t, (false, false), (3 * c, t, c)).batched(nh, (hs, t * t, hs));
-    g.call(1.0, at(q, 2 * c), a, 0.0, out)
-}
-
-/// One sequence's causal softmax(scale·Q_h·K_hᵀ) into `a` [NH, T, T], from its `q` [T, 3C].
-fn probabilities(a: u64, q: u64, t: usize, c: usize, nh: usize) -> [Step; 2] {
-    let hs = c / nh;
-    let scale = 1.0 / (hs as f32).sqrt();
-    // att_hᵀ[T, T] = (K_hᵀ [HS, T], ld 3C)ᵀ · Q_hᵀ[HS, T]
-    let scores = gemm(t, t, hs, (true, false), (3 * c, 3 * c, t)).batched(nh, (hs, hs, t * t));
-    [
-        scores.call(scale, at(q, c), q, 0.0, a),
-        Step::SoftmaxForward {
-            att: a,
-            rows: nh * t,
-            t,
-        },
-    ]
-}
-
-/// What `flash::flash_attention_forward` computes over the qkv buffer itself, as the CUDA
-/// backend runs it: each sequence's probabilities in `scratch` [NH, T, T] (reused by the next
-/// sequence, so nothing T×T is kept), then y = P·V into `out`. Its backward recomputes them.
-pub fn flash_attention_forward(out: u64, scratch: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
-    let mut steps = Vec::new();
-    for bi in 0..b {
-        let q = at(qkv, bi * t * 3 * c);
-        steps.extend(probabilities(scratch, q, t, c, nh));
-        steps.push(values(at(out, bi * t * c), scratch, q, t, c, nh));
-    }
-    steps
-}
-
-/// `dqkv += ∂L/∂qkv` through [`flash_attention_forward`]: each sequence's probabilities
-/// recomputed into `scratch` [NH, T, T], then [`attention_backward`]'s steps over them.
+/// What `flash::flash_attention_forward` computes, as the CUDA backend runs it: each
+/// sequence's probabilities in `scratch` (at least [NH, Tq, Tk]; reused by the next sequence, so
+/// nothing T×T is kept), then y = P·V into `out` [B, Tq, C]; its backward recomputes them. The
+/// keys and values are `kv` as `at` says (the qkv buffer itself, or a gathered [B, Tk, 2C] one
+/// under context parallelism, where each contiguous run of the rank's query positions — its two
+/// chunks — is one masked block against the keys before its end).
 #[allow(clippy::too_many_arguments)]
-pub fn flash_attention_backward(
-    dqkv: u64,
-    dout: u64,
-    qkv: u64,
+pub fn flash_attention_forward(
+    out: u64,
     scratch: u64,
-    datt: u64,
+    qkv: u64,
+    kv: u64,
+    at: &KeyValues,
     b: usize,
-    t: usize,
     c: usize,
     nh: usize,
 ) -> Vec<Step> {
+    let o = Operands { qkv, kv, at, c, nh };
     let mut steps = Vec::new();
     for bi in 0..b {
-        let q = at(qkv, bi * t * 3 * c);
-        steps.extend(probabilities(scratch, q, t, c, nh));
-        steps.extend(sequence_backward(bi, dqkv, dout, qkv, scratch, datt, t, c, nh));
+        for run in runs(&at.pos) {
+            steps.extend(o.probabilities(scratch, bi, run));
+            steps.push(o.values(out, scratch, bi, run));
+        }
+    }
+    steps
+}
+
+/// `dqkv += ∂L/∂Q` (and `∂L/∂K`, `∂L/∂V` into `dkv`, laid out as `kv`; into dqkv's K and V
+/// parts when the keys are the qkv buffer itself) through [`flash_attention_forward`]: each
+/// run's probabilities recomputed into `scratch`, `datt` scratch of the same size.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attention_backward(
+    dqkv: u64,
+    dkv: u64,
+    dout: u64,
+    qkv: u64,
+    kv: u64,
+    (scratch, datt): (u64, u64),
+    at: &KeyValues,
+    b: usize,
+    c: usize,
+    nh: usize,
+) -> Vec<Step> {
+    let o = Operands { qkv, kv, at, c, nh };
+    let mut steps = Vec::new();
+    for bi in 0..b {
+        for run in runs(&at.pos) {
+            steps.extend(o.probabilities(scratch, bi, run));
+            steps.extend(o.backward(dqkv, dkv, dout, scratch, datt, bi, run));
+        }
     }
     steps
 }
@@ -245,50 +382,17 @@ pub fn attention_backward(
     c: usize,
     nh: usize,
 ) -> Vec<Step> {
+    let own = KeyValues::own(t, c);
+    let o = Operands {
+        qkv,
+        kv: qkv,
+        at: &own,
+        c,
+        nh,
+    };
     (0..b)
-        .flat_map(|bi| sequence_backward(bi, dqkv, dout, qkv, at(att, bi * nh * t * t), datt, t, c, nh))
+        .flat_map(|bi| o.backward(dqkv, dqkv, dout, at(att, bi * nh * t * t), datt, bi, (0, t, 0)))
         .collect()
-}
-
-/// [`attention_backward`]'s steps for sequence `bi`, whose probabilities are at `a` [NH, T, T].
-#[allow(clippy::too_many_arguments)]
-fn sequence_backward(
-    bi: usize,
-    dqkv: u64,
-    dout: u64,
-    qkv: u64,
-    a: u64,
-    datt: u64,
-    t: usize,
-    c: usize,
-    nh: usize,
-) -> Vec<Step> {
-    let hs = c / nh;
-    let scale = 1.0 / (hs as f32).sqrt();
-    let mut steps = Vec::new();
-    {
-        let (q, dq) = (at(qkv, bi * t * 3 * c), at(dqkv, bi * t * 3 * c));
-        let dy = at(dout, bi * t * c);
-        // datt_hᵀ[T, T] = (V_hᵀ [HS, T], ld 3C)ᵀ · dY_hᵀ[HS, T]
-        let g = gemm(t, t, hs, (true, false), (3 * c, c, t)).batched(nh, (hs, hs, t * t));
-        steps.push(g.call(1.0, at(q, 2 * c), dy, 0.0, datt));
-        // dV_hᵀ[HS, T] += dY_hᵀ[HS, T] · (att_hᵀ stored [T, T])ᵀ
-        let g = gemm(hs, t, t, (false, true), (c, t, 3 * c)).batched(nh, (hs, t * t, hs));
-        steps.push(g.call(1.0, dy, a, 1.0, at(dq, 2 * c)));
-        steps.push(Step::SoftmaxBackward {
-            datt,
-            att: a,
-            rows: nh * t,
-            t,
-        });
-        // dQ_hᵀ[HS, T] += scale · K_hᵀ[HS, T] · dS_hᵀ[T, T]
-        let g = gemm(hs, t, t, (false, false), (3 * c, t, 3 * c)).batched(nh, (hs, t * t, hs));
-        steps.push(g.call(scale, at(q, c), datt, 1.0, dq));
-        // dK_hᵀ[HS, T] += scale · Q_hᵀ[HS, T] · (dS_hᵀ stored)ᵀ
-        let g = gemm(hs, t, t, (false, true), (3 * c, t, 3 * c)).batched(nh, (hs, t * t, hs));
-        steps.push(g.call(scale, q, datt, 1.0, at(dq, c)));
-    }
-    steps
 }
 
 /// Run `steps` on a host arena with cuBLASLt's column-major GEMM semantics and the softmax
@@ -327,9 +431,10 @@ pub fn execute_host(steps: &[Step], mem: &mut [f64]) {
                     }
                 }
             }
-            Step::SoftmaxForward { att, rows, t } => {
+            Step::SoftmaxForward { att, rows, mask } => {
+                let t = mask.tk;
                 for r in 0..rows {
-                    let (row, i) = (ix(att) + r * t, r % t);
+                    let (row, i) = (ix(att) + r * t, r % mask.tq + mask.offset);
                     let max = (0..=i).map(|j| mem[row + j]).fold(f64::NEG_INFINITY, f64::max);
                     let sum: f64 = (0..=i).map(|j| (mem[row + j] - max).exp()).sum();
                     for j in 0..t {
@@ -337,9 +442,10 @@ pub fn execute_host(steps: &[Step], mem: &mut [f64]) {
                     }
                 }
             }
-            Step::SoftmaxBackward { datt, att, rows, t } => {
+            Step::SoftmaxBackward { datt, att, rows, mask } => {
+                let t = mask.tk;
                 for r in 0..rows {
-                    let (d, a, i) = (ix(datt) + r * t, ix(att) + r * t, r % t);
+                    let (d, a, i) = (ix(datt) + r * t, ix(att) + r * t, r % mask.tq + mask.offset);
                     let s: f64 = (0..=i).map(|j| mem[a + j] * mem[d + j]).sum();
                     for j in 0..t {
                         mem[d + j] = if j <= i { mem[a + j] * (mem[d + j] - s) } else { 0.0 };
@@ -448,7 +554,7 @@ mod tests {
     /// backward) computes what the host's flash kernels compute.
     #[test]
     fn the_flash_attention_plans_compute_what_the_cpu_flash_kernels_compute() {
-        use crate::flash::{flash_attention_backward as fb, flash_attention_forward as ff, KeyValues};
+        use crate::flash::{flash_attention_backward as fb, flash_attention_forward as ff};
         let (b, t, c, nh) = (3, 6, 8, 2);
         let qkv = rand(b * t * 3 * c, 21);
         let own = KeyValues::own(t, c);
@@ -458,16 +564,72 @@ mod tests {
         let pq = ar.put(&qkv);
         let py = ar.put(&vec![f64::NAN; b * t * c]);
         let (scratch, datt) = (ar.put(&vec![f64::NAN; nh * t * t]), ar.put(&vec![f64::NAN; nh * t * t]));
-        execute_host(&flash_attention_forward(py, scratch, pq, b, t, c, nh), &mut ar.mem);
+        execute_host(
+            &flash_attention_forward(py, scratch, pq, pq, &own, b, c, nh),
+            &mut ar.mem,
+        );
         close("out", ar.get(py, b * t * c), &y);
         let (dout, dqkv0) = (rand(b * t * c, 22), rand(b * t * 3 * c, 23));
         let mut dqkv = dqkv0.clone();
         fb(&mut dqkv, None, &dout, &y, &lse, &qkv, &qkv, &own, b, c, nh);
         let (pdq, pd) = (ar.put(&dqkv0), ar.put(&dout));
         execute_host(
-            &flash_attention_backward(pdq, pd, pq, scratch, datt, b, t, c, nh),
+            &flash_attention_backward(pdq, pdq, pd, pq, pq, (scratch, datt), &own, b, c, nh),
             &mut ar.mem,
         );
         close("dqkv", ar.get(pdq, b * t * 3 * c), &dqkv);
+    }
+
+    /// Under context parallelism (a rank's two load-balanced chunks of queries against the
+    /// whole sequence's gathered keys and values) the plans compute what the host's flash
+    /// kernels compute, for every rank: outputs, dQ into dqkv, dK and dV into the gathered
+    /// buffer's gradient.
+    #[test]
+    fn the_context_parallel_flash_plans_compute_what_the_cpu_flash_kernels_compute() {
+        use crate::flash::{cp_positions, flash_attention_backward as fb, flash_attention_forward as ff};
+        let (b, c, nh) = (2, 8, 2);
+        for (tk, cp) in [(12, 2), (16, 4), (12, 3)] {
+            let tq = tk / cp;
+            let kv = rand(b * tk * 2 * c, 31);
+            for r in 0..cp {
+                let pos = cp_positions(tk, cp, r);
+                // two chunks, r and 2cp − 1 − r, adjacent (one run) on the last rank
+                assert_eq!(runs(&pos).len(), if r + 1 == cp { 1 } else { 2 });
+                let at = KeyValues::gathered(tk, c, pos);
+                let what = |x: &str| format!("{x}, t {tk} cp {cp} rank {r}");
+                let qkv = rand(b * tq * 3 * c, 32 + r as u64);
+                let (mut y, mut lse) = (vec![0.0; b * tq * c], vec![0.0; b * nh * tq]);
+                ff(&mut y, &mut lse, &qkv, &kv, &at, b, c, nh);
+                let mut ar = Arena::new();
+                let (pq, pk) = (ar.put(&qkv), ar.put(&kv));
+                let py = ar.put(&vec![f64::NAN; b * tq * c]);
+                let scratch = ar.put(&vec![f64::NAN; nh * tq * tk]);
+                let datt = ar.put(&vec![f64::NAN; nh * tq * tk]);
+                execute_host(
+                    &flash_attention_forward(py, scratch, pq, pk, &at, b, c, nh),
+                    &mut ar.mem,
+                );
+                close(&what("out"), ar.get(py, b * tq * c), &y);
+                let (dout, dqkv0, dkv0) = (rand(b * tq * c, 41), rand(b * tq * 3 * c, 42), rand(b * tk * 2 * c, 43));
+                let (mut dqkv, mut dkv) = (dqkv0.clone(), dkv0.clone());
+                fb(&mut dqkv, Some(&mut dkv), &dout, &y, &lse, &qkv, &kv, &at, b, c, nh);
+                let (pdq, pdk, pd) = (ar.put(&dqkv0), ar.put(&dkv0), ar.put(&dout));
+                execute_host(
+                    &flash_attention_backward(pdq, pdk, pd, pq, pk, (scratch, datt), &at, b, c, nh),
+                    &mut ar.mem,
+                );
+                close(&what("dqkv"), ar.get(pdq, b * tq * 3 * c), &dqkv);
+                close(&what("dkv"), ar.get(pdk, b * tk * 2 * c), &dkv);
+            }
+        }
+    }
+
+    #[test]
+    fn query_positions_split_into_contiguous_runs() {
+        assert_eq!(runs(&[0, 1, 2, 3]), vec![(0, 4, 0)]);
+        assert_eq!(runs(&[2, 3, 8, 9]), vec![(0, 2, 2), (2, 2, 8)]);
+        // adjacent chunks (the last rank's) are one run
+        assert_eq!(runs(&[4, 5, 6, 7]), vec![(0, 4, 4)]);
+        assert_eq!(runs(&[5, 3]), vec![(0, 1, 5), (1, 1, 3)]);
     }
 }

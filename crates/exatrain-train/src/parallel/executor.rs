@@ -69,7 +69,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     if be.flash() < needs {
         return Err(SpecError::new(match needs {
             Flash::ContextParallel => {
-                "--cp runs on --device cpu: this backend's flash attention has no context parallelism"
+                "--cp runs on --device cpu or cuda: this backend's flash attention has no context parallelism"
             }
             _ => "--flash-attention runs on --device cpu or cuda: this backend has no flash attention",
         })
