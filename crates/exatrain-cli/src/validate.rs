@@ -559,13 +559,15 @@ pub fn run(a: ValidateArgs) -> Result<(), SpecError> {
         });
         println!("{out}");
     } else {
+        // the name column as wide as the longest name
+        let w = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(0).max(3);
         println!(
-            "{:<16} {:<11} {:>10} {:>10} {:>8}",
+            "{:<w$} {:<11} {:>10} {:>10} {:>8}",
             "run", "metric", "measured", "predicted", "error"
         );
         for r in &rows {
             println!(
-                "{:<16} {:<11} {:>10.2} {:>10.2} {:>+7.1}%",
+                "{:<w$} {:<11} {:>10.2} {:>10.2} {:>+7.1}%",
                 r.name,
                 r.metric,
                 r.measured,

@@ -192,8 +192,17 @@ fn med_max(e: &[f64]) -> (f64, f64) {
 
 /// The table `validate --per-source` prints.
 pub fn print(rows: &[SourceRow]) {
+    // the source and cluster columns as wide as their longest names
+    let width = |f: fn(&SourceRow) -> &str, head: &str| {
+        rows.iter()
+            .map(|r| f(r).chars().count())
+            .chain([head.len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let (ws, wc) = (width(|r| &r.source, "source"), width(|r| &r.cluster, "cluster"));
     println!(
-        "{:<18} {:<9} {:>4}  {:>24}  {:>9} {:>8}  {:>17}  {:>9} {:>8}",
+        "{:<ws$} {:<wc$} {:>4}  {:>24}  {:>9} {:>8}  {:>17}  {:>9} {:>8}",
         "source", "cluster", "runs", "zero-shot: factor from", "median", "max", "one-shot: factor", "median", "max"
     );
     let (mut all0, mut all1) = (Vec::new(), Vec::new());
@@ -219,7 +228,7 @@ pub fn print(rows: &[SourceRow]) {
             )
         };
         println!(
-            "{:<18} {:<9} {:>4}  {:>24}  {:>8.1}% {:>7.1}%  {one}",
+            "{:<ws$} {:<wc$} {:>4}  {:>24}  {:>8.1}% {:>7.1}%  {one}",
             r.source,
             r.cluster,
             r.runs,
