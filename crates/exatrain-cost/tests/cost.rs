@@ -178,6 +178,39 @@ fn memory_savers_save_memory_and_cost_time() {
     assert!(close(b.comm_bytes.tp, want, 1e-12));
 }
 
+/// `base` with each factor of `xs` applied: the machine synthetic runs are measured on.
+fn scaled(base: &exatrain_spec::ClusterSpec, xs: &[(exatrain_cost::fit::Factor, f64)]) -> exatrain_spec::ClusterSpec {
+    let mut c = base.clone();
+    for &(f, x) in xs {
+        f.apply(&mut c, x);
+    }
+    c
+}
+
+/// The same runs, each priced as the cluster's own stack runs it (`RunStack::Cluster`).
+fn as_cluster_stack(runs: &[exatrain_cost::fit::Measured]) -> Vec<exatrain_cost::fit::Measured> {
+    runs.iter()
+        .cloned()
+        .map(|r| exatrain_cost::fit::Measured {
+            stack: exatrain_cost::fit::RunStack::Cluster,
+            ..r
+        })
+        .collect()
+}
+
+/// Every factor of the fit is fitted, in `xs`'s order, within 2 % of its value there.
+fn assert_recovers(f: &exatrain_cost::fit::Fit, xs: &[(exatrain_cost::fit::Factor, f64)]) {
+    for (fx, &(factor, want)) in f.factors.iter().zip(xs) {
+        assert_eq!(fx.factor, factor);
+        assert!(fx.fitted, "{factor:?} has measured terms depending on it");
+        assert!(
+            (fx.multiplier / want - 1.0).abs() < 0.02,
+            "{factor:?}: {} vs {want}",
+            fx.multiplier
+        );
+    }
+}
+
 #[test]
 fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
     use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
@@ -188,10 +221,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
         (Factor::Bandwidth, 0.3),
         (Factor::Latency, 3.0),
     ];
-    let mut truth = base.clone();
-    for (f, x) in truth_x {
-        f.apply(&mut truth, x);
-    }
+    let truth = scaled(&base, &truth_x);
     let layouts = [
         (
             "gpt-22b",
@@ -234,15 +264,7 @@ fn fit_recovers_known_efficiency_factors_from_synthetic_runs() {
         })
         .collect();
     let f = fit(&base, &runs).unwrap();
-    for (fx, (factor, want)) in f.factors.iter().zip(truth_x) {
-        assert_eq!(fx.factor, factor);
-        assert!(fx.fitted, "{factor:?} has measured terms depending on it");
-        assert!(
-            (fx.multiplier / want - 1.0).abs() < 0.02,
-            "{factor:?}: {} vs {want}",
-            fx.multiplier
-        );
-    }
+    assert_recovers(&f, &truth_x);
     assert!(f.rms_log_error_before > 0.3 && f.rms_log_error_after < 1e-3, "{f:?}");
     // the fitted spec predicts the runs
     for r in &runs {
@@ -297,11 +319,7 @@ fn trainer_reports_fit_as_the_trainer_runs_whatever_framework_the_cluster_names(
         (Factor::Bandwidth, 0.5),
         (Factor::Latency, 2.0),
     ];
-    let mut truth = base.clone();
-    for (f, x) in truth_x {
-        f.apply(&mut truth, x);
-    }
-    let truth = truth.for_trainer();
+    let truth = scaled(&base, &truth_x).for_trainer();
     let sp = |l: ParallelConfig| ParallelConfig {
         sequence_parallel: true,
         ..l
@@ -331,25 +349,10 @@ fn trainer_reports_fit_as_the_trainer_runs_whatever_framework_the_cluster_names(
         })
         .collect();
     let f = fit(&base, &runs).unwrap();
-    for (fx, (factor, want)) in f.factors.iter().zip(truth_x) {
-        assert_eq!(fx.factor, factor);
-        assert!(
-            (fx.multiplier / want - 1.0).abs() < 0.02,
-            "{factor:?}: {} vs {want}",
-            fx.multiplier
-        );
-    }
+    assert_recovers(&f, &truth_x);
     assert!(f.rms_log_error_after < 1e-3, "{f:?}");
     // the same reports priced as the cluster's framework runs them
-    let as_framework: Vec<Measured> = runs
-        .iter()
-        .cloned()
-        .map(|r| Measured {
-            stack: RunStack::Cluster,
-            ..r
-        })
-        .collect();
-    let g = fit(&base, &as_framework).unwrap();
+    let g = fit(&base, &as_cluster_stack(&runs)).unwrap();
     assert!(g.rms_log_error_after > 10.0 * f.rms_log_error_after.max(1e-4), "{g:?}");
 }
 
@@ -478,15 +481,7 @@ fn a_fit_carries_each_run_to_its_framework() {
     assert!((compute.multiplier / 0.9 - 1.0).abs() < 0.02, "{f:?}");
     assert!(f.rms_log_error_after < 0.01, "{f:?}");
     // without the frameworks the same runs fit worse: a blend
-    let blind: Vec<Measured> = runs
-        .iter()
-        .cloned()
-        .map(|r| Measured {
-            stack: RunStack::Cluster,
-            ..r
-        })
-        .collect();
-    let g = fit(&base, &blind).unwrap();
+    let g = fit(&base, &as_cluster_stack(&runs)).unwrap();
     assert!(
         g.rms_log_error_after > 2.0 * f.rms_log_error_after + 0.01,
         "{g:?} vs {f:?}"

@@ -194,7 +194,17 @@ fn runs(pos: &[usize]) -> Vec<(usize, usize, usize)> {
     out
 }
 
-impl Operands<'_> {
+impl<'a> Operands<'a> {
+    /// Self-attention over `qkv` itself (`at`: `KeyValues::own`).
+    fn own(qkv: u64, at: &'a KeyValues, c: usize, nh: usize) -> Self {
+        Operands {
+            qkv,
+            kv: qkv,
+            at,
+            c,
+            nh,
+        }
+    }
     fn hs(&self) -> usize {
         self.c / self.nh
     }
@@ -297,13 +307,7 @@ impl Operands<'_> {
 /// head h are the HS columns at h·HS, C + h·HS, 2C + h·HS of each row of `qkv` [B, T, 3C].
 pub fn attention_forward(out: u64, att: u64, qkv: u64, b: usize, t: usize, c: usize, nh: usize) -> Vec<Step> {
     let own = KeyValues::own(t, c);
-    let o = Operands {
-        qkv,
-        kv: qkv,
-        at: &own,
-        c,
-        nh,
-    };
+    let o = Operands::own(qkv, &own, c, nh);
     let mut steps = Vec::new();
     for bi in 0..b {
         let a = at(att, bi * nh * t * t);
@@ -383,13 +387,7 @@ pub fn attention_backward(
     nh: usize,
 ) -> Vec<Step> {
     let own = KeyValues::own(t, c);
-    let o = Operands {
-        qkv,
-        kv: qkv,
-        at: &own,
-        c,
-        nh,
-    };
+    let o = Operands::own(qkv, &own, c, nh);
     (0..b)
         .flat_map(|bi| o.backward(dqkv, dqkv, dout, at(att, bi * nh * t * t), datt, bi, (0, t, 0)))
         .collect()
