@@ -270,20 +270,20 @@ impl<'a> Operands<'a> {
         let dq = at(dqkv, (bi * tq + lo) * 3 * c);
         let dkv = at(dkv, bi * self.at.tk * st);
         let dy = at(dout, (bi * tq + lo) * c);
-        let sq = self.nh;
+        let nh = self.nh;
         vec![
             // datt_hᵀ[kl, len] = (V_hᵀ [HS, kl], ld stride)ᵀ · dY_hᵀ[HS, len]
             gemm(kl, len, hs, (true, false), (st, c, kl))
-                .batched(sq, (hs, hs, len * kl))
+                .batched(nh, (hs, hs, len * kl))
                 .call(1.0, at(kv, self.at.v), dy, 0.0, datt),
             // dV_hᵀ[HS, kl] += dY_hᵀ[HS, len] · (att_hᵀ stored [kl, len])ᵀ
             gemm(hs, kl, len, (false, true), (c, kl, st))
-                .batched(sq, (hs, len * kl, hs))
+                .batched(nh, (hs, len * kl, hs))
                 .call(1.0, dy, a, 1.0, at(dkv, self.at.v)),
             Step::SoftmaxBackward {
                 datt,
                 att: a,
-                rows: sq * len,
+                rows: nh * len,
                 mask: Mask {
                     tq: len,
                     tk: kl,
@@ -292,11 +292,11 @@ impl<'a> Operands<'a> {
             },
             // dQ_hᵀ[HS, len] += scale · K_hᵀ[HS, kl] · dS_hᵀ[kl, len]
             gemm(hs, len, kl, (false, false), (st, kl, 3 * c))
-                .batched(sq, (hs, len * kl, hs))
+                .batched(nh, (hs, len * kl, hs))
                 .call(scale, at(kv, self.at.k), datt, 1.0, dq),
             // dK_hᵀ[HS, kl] += scale · Q_hᵀ[HS, len] · (dS_hᵀ stored)ᵀ
             gemm(hs, kl, len, (false, true), (3 * c, kl, st))
-                .batched(sq, (hs, len * kl, hs))
+                .batched(nh, (hs, len * kl, hs))
                 .call(scale, q, datt, 1.0, at(dkv, self.at.k)),
         ]
     }
