@@ -100,7 +100,7 @@ impl LayoutArgs {
         let cells = self.tp as u64 * self.cp as u64 * self.pp as u64;
         let dp = match self.dp {
             Some(d) => d,
-            None if cells > 0 && self.gpus as u64 % cells == 0 => (self.gpus as u64 / cells) as u32,
+            None if cells > 0 && (self.gpus as u64).is_multiple_of(cells) => (self.gpus as u64 / cells) as u32,
             None => {
                 let cp = if self.cp > 1 {
                     format!(" × --cp {}", self.cp)

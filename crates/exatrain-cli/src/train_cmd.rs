@@ -230,7 +230,7 @@ impl RunLayout {
         let cells = (self.tp as usize).max(1) * (self.cp as usize).max(1) * (self.pp as usize).max(1);
         let dp = match self.dp {
             Some(d) => d,
-            None if self.ranks % cells == 0 => (self.ranks / cells) as u32,
+            None if self.ranks.is_multiple_of(cells) => (self.ranks / cells) as u32,
             None => {
                 let cp = if self.cp > 1 {
                     format!(" × --cp {}", self.cp)

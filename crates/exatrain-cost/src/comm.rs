@@ -23,7 +23,7 @@ pub fn group_link(c: &ClusterSpec, size: u32, stride: u32) -> Link {
     let gpn = c.node.devices;
     let eff = c.network.efficiency;
     let block = size as u64 * stride as u64;
-    if block <= gpn as u64 && gpn as u64 % block == 0 {
+    if block <= gpn as u64 && (gpn as u64).is_multiple_of(block) {
         return Link {
             bytes_per_s: c.intra_gbps(block as u32) * 1e9 * eff,
             latency_s: c.network.intra_latency_us * 1e-6,

@@ -93,7 +93,7 @@ pub struct Job {
 pub fn shape(gpus: u32, devices_per_node: u32) -> (u32, u32) {
     let per_node = (1..=devices_per_node.min(gpus).max(1))
         .rev()
-        .find(|p| gpus % p == 0)
+        .find(|p| gpus.is_multiple_of(*p))
         .unwrap_or(1);
     (gpus / per_node, per_node)
 }
@@ -102,7 +102,7 @@ pub fn shape(gpus: u32, devices_per_node: u32) -> (u32, u32) {
 /// up to a multiple of value × tp) gives exactly `padded`: the frameworks' default 128 when it
 /// does, else the smallest that does.
 pub fn vocab_divisor(vocab: u32, padded: u32, tp: u32) -> Result<u32, String> {
-    if padded % tp != 0 {
+    if !padded.is_multiple_of(tp) {
         return Err(format!(
             "the planned vocabulary of {padded} rows cannot be split over tp {tp} (the frameworks pad to a multiple of tp)"
         ));
@@ -113,7 +113,7 @@ pub fn vocab_divisor(vocab: u32, padded: u32, tp: u32) -> Result<u32, String> {
         return Ok(128);
     }
     (1..=per)
-        .filter(|d| per % d == 0)
+        .filter(|d| per.is_multiple_of(*d))
         .find(|d| vocab.div_ceil(d * tp) * d * tp == padded)
         .ok_or_else(|| format!("no padding multiple turns vocab {vocab} into {padded} rows over tp {tp}"))
 }

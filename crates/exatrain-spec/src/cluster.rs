@@ -484,7 +484,7 @@ impl ClusterSpec {
         let mut last = 0;
         for (i, l) in n.links.iter().enumerate() {
             rate(l.gbps, 1e9, &format!("node.links[{i}].gbps"))?;
-            if l.span <= last || n.devices % l.span != 0 {
+            if l.span <= last || !n.devices.is_multiple_of(l.span) {
                 return Err(SpecError::new(format!(
                     "cluster: `node.links[{i}].span` {} must grow from class to class and divide node.devices {}",
                     l.span, n.devices

@@ -217,10 +217,10 @@ impl Framework {
     pub fn fused_softmax_fits(self, m: &ModelSpec, c: &ParallelConfig) -> bool {
         let s = m.seq_len;
         let batches = c.micro_batch as u64 * (m.heads / c.tp.max(1)) as u64;
-        let megatron = c.dtype == Dtype::Bf16 && batches % 4 == 0;
+        let megatron = c.dtype == Dtype::Bf16 && batches.is_multiple_of(4);
         match self {
-            Framework::MegatronLm => megatron && 16 < s && s < 16384 && s % 8 == 0,
-            Framework::MegatronDeepspeed => megatron && 16 < s && s <= 4096 && s % 4 == 0,
+            Framework::MegatronLm => megatron && 16 < s && s < 16384 && s.is_multiple_of(8),
+            Framework::MegatronDeepspeed => megatron && 16 < s && s <= 4096 && s.is_multiple_of(4),
             Framework::Torchtitan => true,
         }
     }

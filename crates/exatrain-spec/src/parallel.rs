@@ -532,26 +532,26 @@ impl ParallelConfig {
             if !self.flash_attention {
                 return Err(Invalid::CpNeedsFlash);
             }
-            if model.seq_len % (2 * self.cp) != 0 {
+            if !model.seq_len.is_multiple_of(2 * self.cp) {
                 return Err(Invalid::SeqCp {
                     seq_len: model.seq_len,
                     cp: self.cp,
                 });
             }
         }
-        if model.heads % self.tp != 0 {
+        if !model.heads.is_multiple_of(self.tp) {
             return Err(Invalid::TpHeads {
                 tp: self.tp,
                 heads: model.heads,
             });
         }
-        if model.kv_heads % self.tp != 0 {
+        if !model.kv_heads.is_multiple_of(self.tp) {
             return Err(Invalid::TpKvHeads {
                 tp: self.tp,
                 kv_heads: model.kv_heads,
             });
         }
-        if model.ffn_hidden % self.tp != 0 {
+        if !model.ffn_hidden.is_multiple_of(self.tp) {
             return Err(Invalid::TpFfn {
                 tp: self.tp,
                 ffn: model.ffn_hidden,
@@ -574,14 +574,14 @@ impl ParallelConfig {
             }
         }
         let per_step = self.micro_batch as u64 * self.dp as u64;
-        if self.global_batch as u64 % per_step != 0 {
+        if !(self.global_batch as u64).is_multiple_of(per_step) {
             return Err(Invalid::Batch {
                 global_batch: self.global_batch,
                 micro_batch: self.micro_batch,
                 dp: self.dp,
             });
         }
-        if self.virtual_stages > 1 && self.microbatches() % self.pp != 0 {
+        if self.virtual_stages > 1 && !self.microbatches().is_multiple_of(self.pp) {
             return Err(Invalid::InterleaveMicrobatches {
                 microbatches: self.microbatches(),
                 pp: self.pp,
@@ -591,7 +591,7 @@ impl ParallelConfig {
             if self.tp == 1 {
                 return Err(Invalid::SequenceParallelTp1);
             }
-            if self.local_seq(model) % self.tp != 0 {
+            if !self.local_seq(model).is_multiple_of(self.tp) {
                 return Err(Invalid::SeqTp {
                     seq_len: self.local_seq(model),
                     tp: self.tp,

@@ -122,7 +122,7 @@ impl TrainConfig {
                 self.divergence_factor
             )));
         }
-        if self.global_batch % self.micro_batch != 0 {
+        if !self.global_batch.is_multiple_of(self.micro_batch) {
             return Err(SpecError::new(format!(
                 "--global-batch {} is not divisible by --micro-batch {}",
                 self.global_batch, self.micro_batch
@@ -349,7 +349,7 @@ impl<B: Backend<R = f32>> Trainer<B> {
         let flops = exatrain_cost::flops::model_step(&self.spec, self.cfg.global_batch as u32);
         let last = self.step == self.cfg.steps;
         let step = self.step;
-        let every = |k: u64| k > 0 && step % k == 0;
+        let every = |k: u64| k > 0 && step.is_multiple_of(k);
         let evaluate = every(self.cfg.eval_every) || last;
         let val_loss = if evaluate { Some(self.eval()?) } else { None };
         let sample = if evaluate && self.cfg.sample_tokens > 0 {

@@ -91,7 +91,7 @@ impl SpaceSpec {
 }
 
 fn divisors(n: u32) -> impl Iterator<Item = u32> {
-    (1..=n).filter(move |d| n % d == 0)
+    (1..=n).filter(move |d| n.is_multiple_of(*d))
 }
 
 /// The sizes of one layout; the switches vary on top of it.
@@ -187,7 +187,7 @@ fn distinct_orders(orders: &[RankOrder], tp: u32, pp: u32, dp: u32) -> Vec<RankO
 pub fn cp_sizes(m: &ModelSpec, s: &SpaceSpec) -> Vec<u32> {
     let with_flash = s.flash_attention.contains(&true);
     (1..=s.max_cp.min(m.seq_len))
-        .filter(|&cp| cp == 1 || (with_flash && m.seq_len % (2 * cp) == 0 && m.seq_len / cp >= CP_MIN_LOCAL_SEQ))
+        .filter(|&cp| cp == 1 || (with_flash && m.seq_len.is_multiple_of(2 * cp) && m.seq_len / cp >= CP_MIN_LOCAL_SEQ))
         .collect()
 }
 
@@ -195,16 +195,21 @@ pub fn cp_sizes(m: &ModelSpec, s: &SpaceSpec) -> Vec<u32> {
 pub fn shapes<'a>(m: &'a ModelSpec, s: &'a SpaceSpec) -> impl Iterator<Item = Shape> + 'a {
     let gpus = s.gpus;
     divisors(gpus)
-        .filter(move |tp| *tp <= s.max_tp && m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
+        .filter(move |tp| {
+            *tp <= s.max_tp
+                && m.heads.is_multiple_of(*tp)
+                && m.kv_heads.is_multiple_of(*tp)
+                && m.ffn_hidden.is_multiple_of(*tp)
+        })
         .flat_map(move |tp| {
             cp_sizes(m, s)
                 .into_iter()
-                .filter(move |cp| (gpus / tp) % cp == 0)
+                .filter(move |cp| (gpus / tp).is_multiple_of(*cp))
                 .map(move |cp| (tp, cp))
         })
         .flat_map(move |(tp, cp)| {
             divisors(gpus / tp / cp)
-                .filter(move |pp| *pp <= s.max_pp && (m.layers % pp == 0 || (s.uneven && *pp <= m.layers)))
+                .filter(move |pp| *pp <= s.max_pp && (m.layers.is_multiple_of(*pp) || (s.uneven && *pp <= m.layers)))
                 .map(move |pp| (tp, cp, pp, gpus / tp / cp / pp))
         })
         .flat_map(move |(tp, cp, pp, dp)| {
@@ -254,7 +259,7 @@ fn options(m: &ModelSpec, s: &SpaceSpec, shape: Shape) -> Options {
             }
         }
     }
-    let sp: Vec<bool> = if tp == 1 || (m.seq_len / cp) % tp != 0 {
+    let sp: Vec<bool> = if tp == 1 || !(m.seq_len / cp).is_multiple_of(tp) {
         vec![false]
     } else {
         s.sequence_parallel.clone()
@@ -316,10 +321,10 @@ pub fn why_empty(m: &ModelSpec, s: &SpaceSpec) -> Option<String> {
     }
     let gpus = s.gpus;
     let cells: Vec<String> = divisors(gpus)
-        .filter(|tp| m.heads % tp == 0 && m.kv_heads % tp == 0 && m.ffn_hidden % tp == 0)
+        .filter(|tp| m.heads.is_multiple_of(*tp) && m.kv_heads.is_multiple_of(*tp) && m.ffn_hidden.is_multiple_of(*tp))
         .flat_map(|tp| {
             divisors(gpus / tp)
-                .filter(|pp| m.layers % pp == 0)
+                .filter(|pp| m.layers.is_multiple_of(*pp))
                 .map(move |pp| (tp, pp))
         })
         .map(|(tp, pp)| format!("({tp}, {pp}, {})", gpus / tp / pp))

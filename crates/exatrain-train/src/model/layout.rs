@@ -121,7 +121,7 @@ impl Part {
             }
         }
         let cp = self.cp;
-        if cp == 0 || self.cp_rank >= cp || (cp > 1 && (!self.flash || s.max_seq % (2 * cp) != 0)) {
+        if cp == 0 || self.cp_rank >= cp || (cp > 1 && (!self.flash || !s.max_seq.is_multiple_of(2 * cp))) {
             return Err(SpecError::new(format!(
                 "part: context-parallel rank {} of --cp {} needs flash attention and a sequence of {} that splits into 2·cp chunks",
                 self.cp_rank, self.cp, s.max_seq
