@@ -151,7 +151,7 @@ pub fn block_forward(m: &ModelSpec, p: &ParallelConfig, d: &Device) -> BlockTime
         // scale, the mask and the softmax are separate passes, and a fourth (2019's mask
         // subtract; today's fp32 casts, which move more): three more read-write passes forward,
         // and the scale's and the mask's gradients (two) backward.
-        let unfused = !(d.fused_softmax && d.framework.map_or(true, |f| f.fused_softmax_fits(m, p)));
+        let unfused = !(d.fused_softmax && d.framework.is_none_or(|f| f.fused_softmax_fits(m, p)));
         let (extra_fwd, extra_bwd) = if unfused {
             (d.stream(scores * 6.0 * e), d.stream(scores * 4.0 * e))
         } else {
