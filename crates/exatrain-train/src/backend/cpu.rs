@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::{Backend, Flash};
+use super::Backend;
 use crate::flash::{self, KeyValues};
 use crate::kernels as k;
 use crate::model::parts;
@@ -169,9 +169,6 @@ impl<R: Real> Backend for Cpu<R> {
         nh: usize,
     ) {
         k::attention_backward(dqkv, dout, qkv, att, b, t, c, nh)
-    }
-    fn flash(&self) -> Flash {
-        Flash::ContextParallel
     }
     fn flash_attention_forward(
         &self,

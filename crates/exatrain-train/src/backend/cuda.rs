@@ -34,7 +34,7 @@ use exatrain_cuda::GpuError;
 use exatrain_parallel::comm::CommError;
 
 use super::plan::{self, Step};
-use super::{Backend, Flash};
+use super::Backend;
 use crate::flash::KeyValues;
 use crate::optim::AdamWConfig;
 
@@ -579,9 +579,6 @@ impl Backend for Cuda {
         self.exec(plan::attention_backward(
             dqkv.ptr, dout.ptr, qkv.ptr, att.ptr, datt, b, t, c, nh,
         ));
-    }
-    fn flash(&self) -> Flash {
-        Flash::ContextParallel
     }
     /// Each sequence's probabilities (each run of the rank's query positions against the keys
     /// before its end, under context parallelism) in a reused scratch; `lse` is the host

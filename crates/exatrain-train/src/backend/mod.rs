@@ -34,17 +34,6 @@ use crate::flash::KeyValues;
 use crate::optim::AdamWConfig;
 use crate::Real;
 
-/// What a backend runs of flash attention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Flash {
-    /// nothing: `--flash-attention` is refused
-    None,
-    /// over the qkv buffer itself (`--flash-attention`, no context parallelism)
-    SelfAttention,
-    /// also against gathered keys and values at global positions (`--cp`)
-    ContextParallel,
-}
-
 /// One device's buffers and kernels. See the module documentation.
 #[allow(clippy::too_many_arguments)]
 pub trait Backend {
@@ -199,42 +188,33 @@ pub trait Backend {
         c: usize,
         nh: usize,
     );
-    /// How much of [`crate::flash`]'s kernel pair the backend has; a layout that needs more is
-    /// refused before training starts, so the two methods below are never called beyond it.
-    fn flash(&self) -> Flash {
-        Flash::None
-    }
     /// Flash attention over the qkv buffer, or (with `kv`, context parallelism) against a
-    /// gathered key/value buffer.
+    /// gathered key/value buffer: [`crate::flash`]'s kernel pair.
     fn flash_attention_forward(
         &self,
-        _out: Self::Mut<'_>,
-        _lse: Self::Mut<'_>,
-        _qkv: Self::Ref<'_>,
-        _kv: Option<Self::Ref<'_>>,
-        _at: &KeyValues,
-        _b: usize,
-        _c: usize,
-        _nh: usize,
-    ) {
-        unreachable!("flash attention on a backend without it: refused by has_flash before training")
-    }
+        out: Self::Mut<'_>,
+        lse: Self::Mut<'_>,
+        qkv: Self::Ref<'_>,
+        kv: Option<Self::Ref<'_>>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    );
     fn flash_attention_backward(
         &self,
-        _dqkv: Self::Mut<'_>,
-        _dkv: Option<Self::Mut<'_>>,
-        _dout: Self::Ref<'_>,
-        _out: Self::Ref<'_>,
-        _lse: Self::Ref<'_>,
-        _qkv: Self::Ref<'_>,
-        _kv: Option<Self::Ref<'_>>,
-        _at: &KeyValues,
-        _b: usize,
-        _c: usize,
-        _nh: usize,
-    ) {
-        unreachable!("flash attention on a backend without it: refused by has_flash before training")
-    }
+        dqkv: Self::Mut<'_>,
+        dkv: Option<Self::Mut<'_>>,
+        dout: Self::Ref<'_>,
+        out: Self::Ref<'_>,
+        lse: Self::Ref<'_>,
+        qkv: Self::Ref<'_>,
+        kv: Option<Self::Ref<'_>>,
+        at: &KeyValues,
+        b: usize,
+        c: usize,
+        nh: usize,
+    );
     fn gelu_forward(&self, out: Self::Mut<'_>, inp: Self::Ref<'_>);
     fn gelu_backward(&self, dinp: Self::Mut<'_>, inp: Self::Ref<'_>, dout: Self::Ref<'_>);
     fn residual_forward(&self, out: Self::Mut<'_>, a: Self::Ref<'_>, b: Self::Ref<'_>);

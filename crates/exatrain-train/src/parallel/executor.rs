@@ -12,7 +12,7 @@ use exatrain_parallel::comm::{CommError, Communicator, Meter, Metered, Started};
 use exatrain_parallel::schedule::{self, Kind, Pass};
 use exatrain_spec::{ModelSpec, ParallelConfig, SpecError};
 
-use crate::backend::{Backend, Flash};
+use crate::backend::Backend;
 use crate::data::{self, Dataset};
 use crate::guard::Guard;
 use crate::model::{GptShape, Model, Part};
@@ -61,20 +61,6 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
     // sequences; the weights are shared (and reduced, and ZeRO-sharded) over dp · cp ranks
     let (cp, cp_i) = (pc.cp as usize, pc.cp_coord(world.rank() as u32) as usize);
     let (dpc, dpc_i) = (dp * cp, dp_i * cp + cp_i);
-    let needs = match (pc.flash_attention, cp > 1) {
-        (_, true) => Flash::ContextParallel,
-        (true, false) => Flash::SelfAttention,
-        (false, false) => Flash::None,
-    };
-    if be.flash() < needs {
-        return Err(SpecError::new(match needs {
-            Flash::ContextParallel => {
-                "--cp runs on --device cpu or cuda: this backend's flash attention has no context parallelism"
-            }
-            _ => "--flash-attention runs on --device cpu or cuda: this backend has no flash attention",
-        })
-        .into());
-    }
     let stages = pp * v;
     // the layers of each (virtual) stage as the planner splits them
     let split = pc.stage_layers(spec).map_err(|e| SpecError::new(e.to_string()))?;
