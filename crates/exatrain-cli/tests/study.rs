@@ -30,17 +30,21 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
 
     // export from the study: the row's layout, exactly
     let row = &v["models"][1]["rows"][0]["strong"]["config"];
-    let out = exatrain(&[
-        "export",
-        "--from",
-        dir.join("study.json").to_str().unwrap(),
-        "--model",
-        "gpt-175b",
-        "--nodes",
-        "128",
-        "--format",
-        "megatron-lm",
-    ]);
+    let study = dir.join("study.json");
+    let export_at = |nodes: &str| {
+        exatrain(&[
+            "export",
+            "--from",
+            study.to_str().unwrap(),
+            "--model",
+            "gpt-175b",
+            "--nodes",
+            nodes,
+            "--format",
+            "megatron-lm",
+        ])
+    };
+    let out = export_at("128");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s = String::from_utf8(out.stdout).unwrap();
     assert!(
@@ -50,17 +54,7 @@ fn default_study_is_the_seed_study_and_writes_a_report() {
     assert!(s.contains(&format!("--pipeline-model-parallel-size {}", row["pp"])));
     assert!(s.contains(&format!("--global-batch-size {}", row["global_batch"])));
     // a node count the study did not run is refused, naming those it did
-    let out = exatrain(&[
-        "export",
-        "--from",
-        dir.join("study.json").to_str().unwrap(),
-        "--model",
-        "gpt-175b",
-        "--nodes",
-        "3",
-        "--format",
-        "megatron-lm",
-    ]);
+    let out = export_at("3");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
