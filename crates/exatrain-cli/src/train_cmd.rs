@@ -110,8 +110,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     pub pp: u32,
     /// Context-parallel size: each sequence split over this many ranks (two load-balanced
-    /// chunks each, keys and values all-gathered for the attention); needs --flash-attention,
-    /// --device cpu.
+    /// chunks each, keys and values all-gathered for the attention); needs --flash-attention.
     #[arg(long, default_value_t = 1)]
     pub cp: u32,
     /// Data-parallel size [default: ranks / (tp·cp·pp)].
