@@ -72,6 +72,7 @@ LAYOUTS = [
     ("llama3-70b tp4 cp2 interleaved", "llama3-70b", "dgx-h100", "--gpus 128 --tp 4 --cp 2 --pp 4 --dp 4 --virtual-stages 5 --global-batch 128 --flash-attention --sequence-parallel --zero 1 --recompute none"),
     ("llama3-8b cp2 zero3", "llama3-8b", "dgx-h100", "--gpus 16 --tp 1 --cp 2 --pp 1 --dp 8 --global-batch 64 --flash-attention --zero 3"),
     ("llama2-70b fp8 interleaved", "llama2-70b", "dgx-h100", "--gpus 64 --tp 4 --pp 4 --dp 4 --virtual-stages 20 --global-batch 128 --recompute none --sequence-parallel --flash-attention --overlap-tp --zero 1 --fp8"),
+    ("llama3-8b dp bucket 80M", "llama3-8b", "dgx-h100", "--gpus 64 --tp 1 --pp 1 --dp 64 --global-batch 256 --zero 1 --flash-attention --dp-bucket 80000000"),
 ]
 
 FORMATS = ["megatron-lm", "megatron-deepspeed", "torchtitan", "slurm"]

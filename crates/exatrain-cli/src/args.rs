@@ -66,6 +66,11 @@ pub struct LayoutArgs {
     /// Layers of the last pipeline stage (--decoder-last-pipeline-num-layers).
     #[arg(long)]
     pub last_stage_layers: Option<u32>,
+    /// Data-parallel gradient buckets of at least this many parameters (Megatron-LM's
+    /// --ddp-bucket-size; 0: one bucket, reduced when backward ends). Default: the framework's
+    /// (Megatron-LM: max(40 M, 1 M × dp × cp)).
+    #[arg(long)]
+    pub dp_bucket: Option<u64>,
     /// Use fused blockwise (flash) attention.
     #[arg(long)]
     pub flash_attention: bool,
@@ -132,6 +137,7 @@ impl LayoutArgs {
             order: self.order.parse::<RankOrder>()?,
             first_stage_layers: self.first_stage_layers,
             last_stage_layers: self.last_stage_layers,
+            dp_bucket: self.dp_bucket,
         };
         cfg.check(model, self.gpus)?;
         Ok(cfg)

@@ -136,6 +136,8 @@ fn from_args(name: &str, log: &FrameworkLog) -> Result<(ModelSpec, ParallelConfi
         // Megatron prints `None` when the stages are split evenly
         first_stage_layers: arg_u32(log, "decoder_first_pipeline_num_layers"),
         last_stage_layers: arg_u32(log, "decoder_last_pipeline_num_layers"),
+        // `--ddp-bucket-size` (Megatron prints `None` for its default)
+        dp_bucket: arg_u32(log, "ddp_bucket_size").map(u64::from),
         cp,
         ..ParallelConfig::new(
             tp,

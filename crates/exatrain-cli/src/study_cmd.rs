@@ -303,6 +303,7 @@ fn config_of(v: &serde_json::Value, origin: &str) -> Result<ParallelConfig, Spec
         overlap_tp: true,
         first_stage_layers: Some(1),
         last_stage_layers: Some(1),
+        dp_bucket: Some(1),
         ..ParallelConfig::new(1, 1, 1, 1, 1)
     };
     let fields = serde_json::to_value(all).expect("config serializes");

@@ -263,6 +263,8 @@ impl RunLayout {
             order: self.order.parse::<RankOrder>()?,
             first_stage_layers: self.first_stage_layers,
             last_stage_layers: self.last_stage_layers,
+            // the buckets this run cuts (`--bucket-mb` in fp32 elements), for the planner
+            dp_bucket: Some(crate::train_ranks::bucket_elems(self.bucket_mb)? as u64),
         })
     }
 

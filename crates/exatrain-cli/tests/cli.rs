@@ -340,6 +340,8 @@ fn train_sample_and_export_hf_end_to_end() {
     }
     let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(rep["ranks"].as_array().unwrap().len(), 2);
+    // the planner prices the buckets the run cut: --bucket-mb 25 (the default) in fp32 elements
+    assert_eq!(rep["layout"]["dp_bucket"], 6_250_000);
     let measured = rep["ranks"][0]["comm_bytes"]["dp"].as_f64().unwrap();
     let planned = rep["planned"]["comm_bytes"]["dp"].as_f64().unwrap();
     assert!(

@@ -318,7 +318,7 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
 }
 
 /// A Megatron log is priced with what its argument dump says it ran: no
-/// `--overlap-grad-reduce` exposes the DP reduction, `masked_softmax_fusion False` the unfused
+/// `--overlap-grad-reduce` exposes the DP reduction, and so does one `--ddp-bucket-size` bucket, `masked_softmax_fusion False` the unfused
 /// softmax chain (the log's layout has no flash attention), and both `fidelity` and
 /// `calibrate --fit` read them.
 #[test]
@@ -326,6 +326,8 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     let d = tmp("switches");
     megatron_log_with(&d, "plain", &[]);
     megatron_log_with(&d, "no-overlap", &[("overlap_grad_reduce", "False")]);
+    // --ddp-bucket-size larger than a stage's parameters: one bucket, ready when backward ends
+    megatron_log_with(&d, "one-bucket", &[("ddp_bucket_size", "4000000000")]);
     megatron_log_with(
         &d,
         "fp32-reduce",
@@ -435,6 +437,12 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     assert!(
         (step_error("no-overlap") - want).abs() < 2e-3,
         "{} vs {want}",
+        step_error("no-overlap")
+    );
+    assert!(
+        (step_error("one-bucket") - step_error("no-overlap")).abs() < 1e-9,
+        "one bucket hides nothing: {} vs {}",
+        step_error("one-bucket"),
         step_error("no-overlap")
     );
     // Megatron-LM's default fp32 reduction moves twice the bytes of the exported bf16 one

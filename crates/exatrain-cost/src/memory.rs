@@ -73,8 +73,7 @@ pub fn chunks_in_flight(p: &ParallelConfig, rank: u32) -> f64 {
 /// `st` is the layout's split ([`ParallelConfig::stage_layers`]). With one stage all three are equal.
 pub fn stage_params(m: &ModelSpec, p: &ParallelConfig, st: &StageLayers) -> (f64, f64, f64) {
     let t = p.tp as f64;
-    let (bias_sharded, bias_replicated) = m.layer_bias_params();
-    let block = (m.layer_matrix_params() + bias_sharded) as f64 / t + (bias_replicated + 2 * m.norm_params()) as f64;
+    let block = block_params(m, p);
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
     let pos = match m.position {
         Position::Learned => m.seq_len as f64 * m.hidden as f64,
@@ -94,4 +93,11 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig, st: &StageLayers) -> (f64
             st.last as f64 * block + head + norm,
         )
     }
+}
+
+/// Parameters of one transformer block on one TP rank: its matrices and sharded biases split
+/// over the TP ranks, the replicated biases and the two norms whole.
+pub fn block_params(m: &ModelSpec, p: &ParallelConfig) -> f64 {
+    let (bias_sharded, bias_replicated) = m.layer_bias_params();
+    (m.layer_matrix_params() + bias_sharded) as f64 / p.tp as f64 + (bias_replicated + 2 * m.norm_params()) as f64
 }

@@ -13,6 +13,25 @@ const BUCKET_PARAMS: f64 = 40e6;
 /// to keep the ring's bandwidth at scale.
 const BUCKET_PARAMS_PER_DP: f64 = 1e6;
 
+/// The trainer's default bucket, `train --bucket-mb 25` in fp32 elements (PyTorch DDP's 25 MB).
+const TRAINER_BUCKET_PARAMS: f64 = 25e6 / 4.0;
+
+/// The share of a stage's `params` whose reduction the trainer can start only when backward
+/// ends. It cuts its buckets at block boundaries from the last block back, each once it holds
+/// at least `bucket` parameters (a block never starts a cut of its own: the first block stays
+/// with whatever follows it), and keeps the embedding table apart; so the first blocks' bucket
+/// and the embedding's are ready only at the end, and every full bucket before them is
+/// reduced while backward goes on.
+fn trainer_tail(blocks: u32, block_params: f64, params: f64, bucket: f64) -> f64 {
+    if !(params > 0.0 && block_params > 0.0 && bucket.is_finite()) {
+        return 1.0;
+    }
+    // blocks per bucket, and the full buckets cut off the end
+    let per = (bucket / block_params).ceil().max(1.0);
+    let cut = ((blocks.saturating_sub(1) as f64) / per).floor();
+    (1.0 - cut * per * block_params / params).clamp(0.0, 1.0)
+}
+
 /// Bytes held by one device at its peak (the pipeline stage that holds the most).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Memory {
@@ -290,12 +309,26 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // the backward and the forward part of one microbatch
     let (bwd_mb, fwd_mb) = (stage_c * 2.0 / 3.0, stage_c / 3.0);
     // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of max(40 M,
-    // 1 M·dp) parameters as backward produces them, so the reduction hides behind the last
-    // microbatch's backward except for the last bucket, which is ready only when backward ends;
-    // the distributed optimizer's parameter all-gather (ZeRO-1/2) hides behind the next step's
-    // first forward except for the first bucket, which the first layer waits for.
-    let bucket = (BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64) * red.grad_wire_bytes).min(grad_bytes);
-    let tail = if grad_bytes > 0.0 { bucket / grad_bytes } else { 0.0 };
+    // 1 M·dp) parameters (or `dp_bucket`) as backward produces them, so the reduction hides
+    // behind the last microbatch's backward except for the last bucket, which is ready only
+    // when backward ends; the distributed optimizer's parameter all-gather (ZeRO-1/2) hides
+    // behind the next step's first forward except for the first bucket, which the first layer
+    // waits for. The trainer (no framework) cuts its buckets at block boundaries, keeps the
+    // embedding table in a bucket of its own, and gathers the updated parameters after the
+    // optimizer step, with nothing left to hide behind.
+    let given = |b: u64| if b == 0 { f64::INFINITY } else { b as f64 };
+    let tail = match c.stack.framework {
+        Some(_) => {
+            let bucket = p
+                .dp_bucket
+                .map_or(BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64), given);
+            (bucket / params_dev).min(1.0)
+        }
+        None => {
+            let bucket = p.dp_bucket.map_or(TRAINER_BUCKET_PARAMS, given);
+            trainer_tail(st.max(), memory::block_params(m, p), params_dev, bucket)
+        }
+    };
     let hide = |t: f64, window: f64| {
         if red.overlapped {
             (t - window).max(t * tail)
@@ -303,6 +336,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             t
         }
     };
+    let gather_hides = c.stack.framework.is_some();
+    let hide_gather = |t: f64, window: f64| if gather_hides { hide(t, window) } else { t };
     let dpf = dp as f64;
     let ring_bytes = |full: f64| {
         if dp > 1 {
@@ -319,17 +354,17 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         1 if red.all_reduce => (
             // DeepSpeed's BF16_Optimizer: the whole fp32 sum on every rank, then the gather
             hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb)
-                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
             2.0 * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         1 => (
             hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
             ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         2 => (
             mbf * hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
             mbf * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         _ => {

@@ -603,6 +603,61 @@ fn overlaps_expose_what_the_frameworks_cannot_hide() {
     );
 }
 
+/// The exposed tail of an overlapped gradient reduction is the share of the gradients no bucket
+/// holds before backward ends: Megatron-LM's one bucket of `dp_bucket` (default max(40 M,
+/// 1 M·dp)) parameters, or the trainer's buckets cut at block boundaries from the last block
+/// back with the embedding apart; the trainer's ZeRO-1 parameter gather (after the optimizer
+/// step) hides behind nothing.
+#[test]
+fn the_dp_bucket_sets_the_exposed_tail_as_each_stack_cuts_its_buckets() {
+    let m = gpt(24, 1024, 16, 1024, 32000);
+    let megatron = presets::cluster("dgx-h100").unwrap();
+    let trainer = megatron.for_trainer();
+    // dp 8 in one node: the reduction is shorter than one microbatch's backward, so what stays
+    // exposed is the tail alone
+    let at = |c: &exatrain_spec::ClusterSpec, zero: u8, overlap_dp: bool, dp_bucket: Option<u64>| {
+        let p = ParallelConfig {
+            zero,
+            overlap_dp,
+            dp_bucket,
+            ..ParallelConfig::new(1, 1, 8, 1, 8)
+        };
+        plan(&m, c, &p).unwrap().time_s.dp_comm
+    };
+    let params = m.params() as f64;
+    let block = memory::block_params(&m, &ParallelConfig::new(1, 1, 8, 1, 8));
+    // Megatron-LM: the bucket's share of the gradients, whatever its size, at most all
+    let whole = at(&megatron, 0, false, None);
+    for (bucket, share) in [(None, 40e6 / params), (Some(20_000_000), 20e6 / params), (Some(0), 1.0)] {
+        let exposed = at(&megatron, 0, true, bucket);
+        assert!(
+            close(exposed, share.min(1.0) * whole, 1e-9),
+            "{bucket:?}: {exposed} of {whole}"
+        );
+    }
+    // the trainer: buckets of 5 blocks (bucket = 4.5 blocks) cut 4 of them (20 blocks) off the
+    // 24; the first 4 blocks, the embedding and the final norm are the tail
+    let whole = at(&trainer, 0, false, None);
+    let bucket = (4.5 * block) as u64;
+    let tail = 1.0 - 20.0 * block / params;
+    assert!(close(at(&trainer, 0, true, Some(bucket)), tail * whole, 1e-6));
+    // one bucket (--bucket-mb 0), or one larger than the model: nothing hides
+    assert!(close(at(&trainer, 0, true, Some(0)), whole, 1e-12));
+    assert!(close(at(&trainer, 0, true, Some(u64::MAX)), whole, 1e-12));
+    // the default 25 MB (6.25 M fp32 elements) is less than a block here (12.6 M): every block
+    // but the first is a bucket of its own, as with the smallest bucket
+    assert!(block > 6.25e6);
+    let default = at(&trainer, 0, true, None);
+    assert!(close(default, at(&trainer, 0, true, Some(1)), 1e-12) && default < whole);
+    assert!(close(default, (1.0 - 23.0 * block / params) * whole, 1e-6));
+    // ZeRO-1: the reduce-scatter hides as above, the gather (as many bytes) never does
+    let (off, on) = (
+        at(&trainer, 1, false, Some(bucket)),
+        at(&trainer, 1, true, Some(bucket)),
+    );
+    assert!(close(off - on, off / 2.0 * (1.0 - tail), 1e-6), "{off} {on}");
+}
+
 /// The software stack's efficiency is apart from the hardware: fitting it (or setting it) slows
 /// the compute but leaves the device's peak, so MFU stays model TFLOP/s over the real peak.
 #[test]

@@ -134,6 +134,9 @@ fn layout_flags(m: &ModelSpec, c: &ParallelConfig) -> Vec<String> {
         if c.zero >= 1 {
             f.push("--overlap-param-gather".into());
         }
+        if let Some(b) = c.dp_bucket {
+            f.push(format!("--ddp-bucket-size {b}"));
+        }
     }
     f
 }

@@ -463,3 +463,59 @@ fn context_parallelism_is_exported_where_a_framework_has_ring_attention() {
     let run = render(&export(&m, &c, &cfg, Format::Exatrain, Launcher::Torchrun).unwrap());
     assert!(run.contains("cp = 2"), "{run}");
 }
+
+/// A planned data-parallel bucket is Megatron-LM's `--ddp-bucket-size` (with the overlap it
+/// sizes), carried by the run file, and refused by the frameworks that have no such option
+/// rather than silently dropped.
+#[test]
+fn the_dp_bucket_is_megatron_lms_ddp_bucket_size_or_refused() {
+    let m = presets::model("llama3-8b").unwrap();
+    let c = presets::cluster("dgx-h100").unwrap();
+    let cfg = ParallelConfig {
+        zero: 3,
+        flash_attention: true,
+        dp_bucket: Some(80_000_000),
+        ..layout(1, 1, 8, 1, 32)
+    };
+    let mlm = megatron_lm_job(&m, &c, &ParallelConfig { zero: 1, ..cfg });
+    assert_eq!(flag(&mlm, "--ddp-bucket-size"), Some("80000000"));
+    assert!(mlm.contains("--overlap-grad-reduce"), "{mlm}");
+    // without the overlap Megatron-LM reduces in one bucket whatever the size: no flag
+    let plain = megatron_lm_job(
+        &m,
+        &c,
+        &ParallelConfig {
+            zero: 1,
+            overlap_dp: false,
+            ..cfg
+        },
+    );
+    assert_eq!(flag(&plain, "--ddp-bucket-size"), None);
+    let run = render(&export(&m, &c, &cfg, Format::Exatrain, Launcher::Torchrun).unwrap());
+    assert!(run.contains("dp_bucket = 80000000"), "{run}");
+    for (f, why) in [
+        (Framework::MegatronDeepspeed, "no bucket size"),
+        (Framework::Torchtitan, "no data-parallel bucket-size option"),
+    ] {
+        let e = export(&m, &c, &cfg, Format::Framework(f), Launcher::Torchrun).unwrap_err();
+        assert!(
+            e.to_string().contains(why) && e.to_string().contains("--dp-bucket"),
+            "{f}: {e}"
+        );
+    }
+    // one bucket (the trainer's --bucket-mb 0) has no Megatron-LM spelling
+    let one = ParallelConfig {
+        zero: 1,
+        dp_bucket: Some(0),
+        ..cfg
+    };
+    let e = export(
+        &m,
+        &c,
+        &one,
+        Format::Framework(Framework::MegatronLm),
+        Launcher::Torchrun,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--dp-bucket 0"), "{e}");
+}

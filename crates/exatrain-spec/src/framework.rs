@@ -361,6 +361,11 @@ impl Framework {
                         c.zero, c.pp
                     ));
                 }
+                if c.dp_bucket == Some(0) {
+                    return Err(
+                        "--dp-bucket 0 (one bucket) is the trainer's; Megatron-LM's --ddp-bucket-size takes a size in parameters (at least 1)".into(),
+                    );
+                }
                 Ok(())
             }
             Framework::MegatronDeepspeed => {
@@ -386,6 +391,11 @@ impl Framework {
                         "DeepSpeed's pipeline engine supports ZeRO-1 only; --zero {} needs --pp 1",
                         c.zero
                     ));
+                }
+                if c.dp_bucket.is_some() {
+                    return Err(
+                        "Megatron-DeepSpeed reduces gradients in DeepSpeed's engine, to which exatrain exports no bucket size: --dp-bucket is Megatron-LM's --ddp-bucket-size (leave it out)".into(),
+                    );
                 }
                 Ok(())
             }
@@ -431,6 +441,11 @@ impl Framework {
                 }
                 if !c.flash_attention {
                     return Err("torchtitan's attention is SDPA/flex (flash-style); use --flash".into());
+                }
+                if c.dp_bucket.is_some() {
+                    return Err(
+                        "torchtitan has no data-parallel bucket-size option: --dp-bucket is Megatron-LM's --ddp-bucket-size (leave it out)".into(),
+                    );
                 }
                 Ok(())
             }

@@ -246,6 +246,13 @@ pub struct ParallelConfig {
     /// Transformer layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage_layers: Option<u32>,
+    /// Data-parallel gradient buckets of at least this many parameters, reduced as backward
+    /// fills them (Megatron-LM's `--ddp-bucket-size`; the trainer's `--bucket-mb` in fp32
+    /// elements); 0: one bucket for all, reduced when backward ends (the trainer's
+    /// `--bucket-mb 0`). None: the stack's default — Megatron-LM's max(40 M, 1 M · dp · cp), the
+    /// trainer's 25 MB (6.25 M).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_bucket: Option<u64>,
 }
 
 /// How the transformer layers are split over the pipeline stages: the first stage, each of the
@@ -370,6 +377,7 @@ impl ParallelConfig {
             order: RankOrder::default(),
             first_stage_layers: None,
             last_stage_layers: None,
+            dp_bucket: None,
         }
     }
 

@@ -159,6 +159,7 @@ impl Options {
             order,
             first_stage_layers: None,
             last_stage_layers: None,
+            dp_bucket: None,
         }
     }
 }
