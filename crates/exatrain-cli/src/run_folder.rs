@@ -187,16 +187,18 @@ pub fn check_memory(spec: &ModelSpec, pc: &ParallelConfig, ranks_here: usize) ->
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("exatrain-runfolder-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A fresh folder, removed with everything in it when the test ends.
+    fn tmp(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("exatrain-runfolder-{name}-"))
+            .tempdir()
+            .expect("a folder under the system's temp dir")
     }
 
     #[test]
     fn a_folder_with_a_run_is_claimed_only_with_overwrite() {
-        let d = tmp("claim");
+        let scratch = tmp("claim");
+        let d = scratch.path();
         assert!(claim(&d, false).is_ok());
         std::fs::write(d.join(METRICS), "{\"step\":1}\n").unwrap();
         let e = claim(&d, false).unwrap_err().0;
@@ -208,7 +210,8 @@ mod tests {
 
     #[test]
     fn metrics_are_cut_back_to_the_resumed_step() {
-        let d = tmp("metrics");
+        let scratch = tmp("metrics");
+        let d = scratch.path();
         let lines: String = (1..=5).map(|s| format!("{{\"step\":{s}}}\n")).collect();
         std::fs::write(d.join(METRICS), lines).unwrap();
         let p = Progress::new(&d, 3, 6, true).unwrap();

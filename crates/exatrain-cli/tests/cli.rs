@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 mod common;
-use common::{exatrain, json};
+use common::{exatrain, json, tmp_dir};
 
 #[test]
 fn plan_default_is_175b_on_128_frontier_nodes_with_every_field() {
@@ -205,8 +205,8 @@ fn bad_input_gets_a_clear_error_and_exit_2() {
 
 #[test]
 fn malformed_model_file_names_the_line() {
-    let dir = std::env::temp_dir().join(format!("exatrain-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("cli");
+    let dir = scratch.path();
     let f = dir.join("bad.toml");
     std::fs::write(&f, "layers = 4\nhidden = [1]\n").unwrap();
     let out = exatrain(&["plan", "--model", f.to_str().unwrap()]);
@@ -234,9 +234,8 @@ fn malformed_model_file_names_the_line() {
 
 #[test]
 fn train_sample_and_export_hf_end_to_end() {
-    let dir = std::env::temp_dir().join(format!("exatrain-cli-train-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("cli-train");
+    let dir = scratch.path();
     let model = dir.join("tiny.toml");
     std::fs::write(
         &model,
@@ -355,7 +354,8 @@ fn train_sample_and_export_hf_end_to_end() {
 
 #[test]
 fn calibrate_writes_a_cluster_that_plan_reads() {
-    let f = std::env::temp_dir().join(format!("exatrain-local-{}.toml", std::process::id()));
+    let scratch = tmp_dir("local");
+    let f = scratch.path().join("local.toml");
     let o = exatrain(&["calibrate", "--quick", "--out", f.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = json(&[
@@ -384,10 +384,11 @@ fn calibrate_writes_a_cluster_that_plan_reads() {
     assert!(v["step_time_s"].as_f64().unwrap() > 0.0 && v["fits"] == true);
 }
 
-/// A fresh folder holding `reports/` and `tiny.toml`, a 2-layer GPT-2 of width `hidden`.
-fn report_setup(tag: &str, hidden: u32) -> (PathBuf, PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("exatrain-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// A fresh folder (removed when it drops) holding `reports/` and `tiny.toml`, a 2-layer GPT-2 of
+/// width `hidden`.
+fn report_setup(tag: &str, hidden: u32) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let scratch = tmp_dir(tag);
+    let dir = scratch.path();
     let reports = dir.join("reports");
     std::fs::create_dir_all(&reports).unwrap();
     let model = dir.join("tiny.toml");
@@ -396,7 +397,7 @@ fn report_setup(tag: &str, hidden: u32) -> (PathBuf, PathBuf, PathBuf) {
         format!("name = \"tiny\"\nlayers = 2\nhidden = {hidden}\nheads = 2\nseq_len = 32\nvocab = 512\npadded_vocab = 512\n"),
     )
     .unwrap();
-    (dir, reports, model)
+    (scratch, reports, model)
 }
 
 /// `exatrain train --model MODEL --micro-batch 2 --out OUT --report REPORT ARGS…`, which must succeed.
@@ -420,7 +421,8 @@ fn train_report(model: &Path, out: &Path, report: &Path, args: &[&str]) {
 
 #[test]
 fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() {
-    let (dir, reports, model) = report_setup("fidelity", 32);
+    let (scratch, reports, model) = report_setup("fidelity", 32);
+    let dir = scratch.path();
     for (name, ranks, extra) in [
         ("a", "2", vec!["--tp", "2"]),
         ("b", "4", vec!["--tp", "2", "--pp", "2", "--zero", "1"]),
@@ -484,7 +486,8 @@ fn fidelity_compares_trainer_reports_term_by_term_and_flags_an_injected_error() 
 
 #[test]
 fn calibrate_fit_from_trainer_reports_writes_only_a_good_fit() {
-    let (dir, reports, model) = report_setup("fit", 64);
+    let (scratch, reports, model) = report_setup("fit", 64);
+    let dir = scratch.path();
     let local = dir.join("local.toml");
     let o = exatrain(&["calibrate", "--quick", "--ranks", "2", "--out", local.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -14,11 +14,12 @@ fn ok(o: Output) -> String {
     String::from_utf8(o.stdout).unwrap()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-logs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-logs-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 /// The planner's step time for a layout under `cluster`, as `framework` runs it.
@@ -224,7 +225,8 @@ fn fit_logs(logs: &[PathBuf], out: &Path) -> String {
 
 #[test]
 fn three_short_runs_fit_a_cluster_that_projects_the_training() {
-    let d = tmp("fit");
+    let scratch = tmp("fit");
+    let d = scratch.path();
     let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
     let fitted = d.join("fitted.toml");
     let text = fit_logs(&logs, &fitted);
@@ -323,7 +325,8 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
 /// `calibrate --fit` read them.
 #[test]
 fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
-    let d = tmp("switches");
+    let scratch = tmp("switches");
+    let d = scratch.path();
     megatron_log_with(&d, "plain", &[]);
     megatron_log_with(&d, "no-overlap", &[("overlap_grad_reduce", "False")]);
     // --ddp-bucket-size larger than a stage's parameters: one bucket, ready when backward ends
@@ -468,7 +471,8 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
 
 #[test]
 fn bad_logs_get_one_clear_line() {
-    let d = tmp("bad");
+    let scratch = tmp("bad");
+    let d = scratch.path();
     std::fs::write(d.join("noise.log"), "hello\nworld\n").unwrap();
     let titan = torchtitan_log(&d);
     std::fs::remove_file(d.join("titan.toml")).unwrap();
@@ -552,7 +556,8 @@ done
 
 #[test]
 fn tune_over_a_framework_reads_its_logs() {
-    let d = tmp("tune");
+    let scratch = tmp("tune");
+    let d = scratch.path();
     let bin = d.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let fake = bin.join("torchrun");
@@ -645,7 +650,8 @@ fn tune_over_a_framework_reads_its_logs() {
 /// cluster no run ran on is refused.
 #[test]
 fn published_runs_fit_the_cluster_they_ran_on() {
-    let d = tmp("fitruns");
+    let scratch = tmp("fitruns");
+    let d = scratch.path();
     let csv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/published-runs.csv");
     let out = d.join("selene-fit.toml");
     let text = ok(exatrain(&[

@@ -22,8 +22,8 @@ fn calibrate_cuda(lib_dir: Option<&Path>) -> Output {
 
 /// `train --device cuda` into a fresh folder: its error, and the folder must not exist after.
 fn train_cuda(lib_dir: Option<&Path>) -> String {
-    let out = std::env::temp_dir().join(format!("exatrain-gpu-train-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let scratch = tmp_dir("gpu-train");
+    let out = scratch.path().join("run");
     let o = exatrain(
         &[
             "train",
@@ -51,10 +51,18 @@ fn has_driver() -> bool {
     .any(|p| Path::new(p).exists())
 }
 
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
+}
+
 /// A stand-in libcuda that loads but sees no device, in a fresh folder.
-fn no_gpu_driver(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("exatrain-no-gpu-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+fn no_gpu_driver(tag: &str) -> tempfile::TempDir {
+    let scratch = tmp_dir(&format!("no-gpu-{tag}"));
+    let dir = scratch.path();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/no_gpu_libcuda.c");
     let built = Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
@@ -63,7 +71,7 @@ fn no_gpu_driver(tag: &str) -> std::path::PathBuf {
         .status()
         .expect("cc (the linker Rust uses) builds the stand-in driver");
     assert!(built.success());
-    dir
+    scratch
 }
 
 fn one_line_exit_2(o: &Output) -> String {
@@ -91,12 +99,11 @@ fn calibrate_on_cuda_without_a_gpu_is_one_clear_line() {
     }
     // a driver library that sees no device
     let dir = no_gpu_driver("calibrate");
-    let err = one_line_exit_2(&calibrate_cuda(Some(&dir)));
+    let err = one_line_exit_2(&calibrate_cuda(Some(dir.path())));
     assert!(
         err.contains("no CUDA device") && err.contains("no CUDA-capable device"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -114,9 +121,8 @@ fn train_on_cuda_without_a_gpu_is_one_clear_line_and_writes_nothing() {
         assert!(err.contains("no CUDA driver") && err.contains("--device cpu"), "{err}");
     }
     let dir = no_gpu_driver("train");
-    let err = train_cuda(Some(&dir));
+    let err = train_cuda(Some(dir.path()));
     assert!(err.contains("no CUDA device"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

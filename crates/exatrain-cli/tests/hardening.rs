@@ -13,11 +13,12 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
     Command::new(exe()).current_dir(dir).args(args).output().expect("runs")
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-hard-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-hard-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 fn tiny(dir: &Path) -> PathBuf {
@@ -53,7 +54,8 @@ fn steps(lines: &str) -> Vec<u64> {
 
 #[test]
 fn a_diverging_multi_rank_run_stops_and_never_names_a_bad_checkpoint() {
-    let d = tmp("diverge");
+    let scratch = tmp("diverge");
+    let d = scratch.path();
     let m = tiny(&d);
     // lr 5: the second step's loss is far above the first's
     let o = run_in(
@@ -99,7 +101,8 @@ fn a_diverging_multi_rank_run_stops_and_never_names_a_bad_checkpoint() {
 
 #[test]
 fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
-    let d = tmp("resume");
+    let scratch = tmp("resume");
+    let d = scratch.path();
     let m = tiny(&d);
     let first = d.join("a");
     std::fs::create_dir_all(&first).unwrap();
@@ -156,7 +159,8 @@ fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
 
 #[test]
 fn keep_last_prunes_old_checkpoints_but_never_latest() {
-    let d = tmp("keep");
+    let scratch = tmp("keep");
+    let d = scratch.path();
     let m = tiny(&d);
     ok(&run_in(
         &d,
@@ -191,7 +195,8 @@ fn keep_last_prunes_old_checkpoints_but_never_latest() {
 
 #[test]
 fn bad_values_are_named_with_what_is_allowed() {
-    let d = tmp("bad");
+    let scratch = tmp("bad");
+    let d = scratch.path();
     std::fs::write(
         d.join("v100.toml"),
         "name = \"v\"\nlayers = 1\nhidden = 32\nheads = 2\nseq_len = 32\nvocab = 100\npadded_vocab = 128\n",
@@ -387,7 +392,8 @@ fn bad_values_are_named_with_what_is_allowed() {
 
 #[test]
 fn the_tuner_checks_flags_before_making_its_store_and_fails_when_every_trial_fails() {
-    let d = tmp("tune");
+    let scratch = tmp("tune");
+    let d = scratch.path();
     let space = [
         "tune",
         "--model",
@@ -435,7 +441,8 @@ fn the_tuner_checks_flags_before_making_its_store_and_fails_when_every_trial_fai
 #[cfg(target_os = "linux")]
 #[test]
 fn killing_the_tuner_ends_its_running_trial() {
-    let d = tmp("kill");
+    let scratch = tmp("kill");
+    let d = scratch.path();
     let pidfile = d.join("trial.pid");
     let cmd = format!("echo $$ > {}; exec sleep 60 # {{trial}}", pidfile.display());
     let mut tuner = Command::new(exe())
@@ -514,7 +521,8 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
         eprintln!("SKIPPED: python3 with transformers is not installed (pip install transformers)");
         return;
     }
-    let d = tmp("hf");
+    let scratch = tmp("hf");
+    let d = scratch.path();
     let m = tiny(&d);
     ok(&run_in(
         &d,
@@ -555,7 +563,8 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
 /// gathered whole model).
 #[test]
 fn multi_rank_metrics_carry_the_validation_loss_and_sample_of_one_process() {
-    let d = tmp("valloss");
+    let scratch = tmp("valloss");
+    let d = scratch.path();
     let model = tiny(&d);
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus/devils-dictionary.txt");
     let common = [

@@ -5,6 +5,14 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
+}
+
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_exatrain")
 }
@@ -31,9 +39,8 @@ fn losses(o: &Output) -> Vec<f64> {
 
 #[test]
 fn mpi_layouts_train_what_one_process_trains() {
-    let dir = std::env::temp_dir().join(format!("exatrain-mpi-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("mpi");
+    let dir = scratch.path();
     let model = dir.join("tiny.toml");
     std::fs::write(
         &model,
@@ -127,8 +134,8 @@ fn mpirun_each(ranks: &[Vec<String>]) -> Output {
 
 #[test]
 fn ranks_started_with_different_settings_stop_naming_the_setting() {
-    let dir = std::env::temp_dir().join(format!("exatrain-mpi-agree-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tmp_dir("mpi-agree");
+    let dir = scratch.path().join("run");
     let rank = |steps: &str, lr: &str| -> Vec<String> {
         [
             exe(),
@@ -157,8 +164,8 @@ fn ranks_started_with_different_settings_stop_naming_the_setting() {
 
 #[test]
 fn a_rank_that_never_takes_part_ends_the_job_after_the_timeout() {
-    let dir = std::env::temp_dir().join(format!("exatrain-mpi-stall-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tmp_dir("mpi-stall");
+    let dir = scratch.path().join("run");
     let t0 = Instant::now();
     // rank 1 is not exatrain at all: rank 0 waits in MPI_Init, then its watchdog ends the job
     let o = mpirun_each(&[

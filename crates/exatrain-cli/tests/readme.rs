@@ -6,7 +6,7 @@
 //! here fails every trial, which is the expected error); `<!-- readme-test: mpi -->` runs when
 //! built with the `mpi` feature (as CI builds it).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 #[derive(Debug, PartialEq)]
@@ -47,9 +47,12 @@ fn every_readme_example_runs_as_written() {
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
     let blocks = blocks(&readme);
     assert!(blocks.iter().filter(|b| b.0 == Mode::Run).count() >= 2, "{blocks:?}");
-    let work: PathBuf = std::env::temp_dir().join(format!("exatrain-readme-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
+    // removed with everything the examples wrote when the test ends
+    let scratch = tempfile::Builder::new()
+        .prefix("exatrain-readme-")
+        .tempdir()
+        .expect("a folder under the system's temp dir");
+    let work = scratch.path();
     std::os::unix::fs::symlink(root.join("data").canonicalize().unwrap(), work.join("data")).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_exatrain"))
         .parent()

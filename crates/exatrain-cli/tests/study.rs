@@ -3,15 +3,10 @@
 mod common;
 use common::exatrain;
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-study-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
-
 #[test]
 fn default_study_is_the_seed_study_and_writes_a_report() {
-    let dir = tmp("seed");
+    let scratch = common::tmp_dir("study-seed");
+    let dir = scratch.path().join("out");
     let out = exatrain(&["study", "--out", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -82,7 +77,8 @@ fn export_from_flags_and_from_a_tune_result() {
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8(out.stdout).unwrap().contains("#SBATCH --nodes=8"));
-    let dir = tmp("tune");
+    let scratch = common::tmp_dir("study-tune");
+    let dir = scratch.path().join("out");
     let out = exatrain(&[
         "tune",
         "--model",
@@ -179,7 +175,8 @@ fn study_and_export_bad_input() {
 #[test]
 fn study_for_a_framework_recommends_what_it_can_export() {
     for f in ["megatron-lm", "megatron-deepspeed", "torchtitan"] {
-        let dir = tmp(&format!("fw-{f}"));
+        let scratch = common::tmp_dir(&format!("study-fw-{f}"));
+        let dir = scratch.path().join("out");
         let out = exatrain(&[
             "study",
             "--model",

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 mod common;
 use common::exatrain;
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-tune-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-tune-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 #[test]
@@ -148,7 +149,8 @@ fn tune_bad_input_is_a_clear_error() {
 fn no_trend_is_stored_and_kept_on_resume() {
     // The same seeded search over the cost model with and without the fitted trend: the trials
     // after the random initial design differ, and a resumed --no-trend search stays one.
-    let dir = tmp("no-trend");
+    let scratch = tmp("no-trend");
+    let dir = scratch.path();
     let search = |name: &str, budget: &str, extra: &[&str]| {
         let out = dir.join(name);
         let mut args = vec![
@@ -217,7 +219,8 @@ fn lines(dir: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn a_killed_search_resumes_without_losing_or_repeating_trials() {
-    let work = tmp("kill");
+    let scratch = tmp("kill");
+    let work = scratch.path();
     let cmd = fake_trainer(&work);
     let common = |out: &Path| -> Vec<String> {
         [
@@ -319,7 +322,8 @@ fn tiny_model(dir: &Path, layers: u32) -> PathBuf {
 
 #[test]
 fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
-    let work = tmp("trainer-eval");
+    let scratch = tmp("trainer-eval");
+    let work = scratch.path();
     let model = tiny_model(&work, 1);
     let m = model.to_str().unwrap();
     let cmd = format!(
@@ -376,7 +380,8 @@ fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
 
 #[test]
 fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
-    let work = tmp("train-prior");
+    let scratch = tmp("train-prior");
+    let work = scratch.path();
     let model = tiny_model(&work, 2);
     let (m, out) = (model.to_str().unwrap(), work.join("search"));
     let o = out.to_str().unwrap();
@@ -481,7 +486,8 @@ fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
 /// FP8 flags (`export --from` keeps every layout field, the optional ones included).
 #[test]
 fn an_fp8_search_exports_its_fp8_layout() {
-    let dir = tmp("fp8");
+    let scratch = tmp("fp8");
+    let dir = scratch.path();
     let out = exatrain(&[
         "tune",
         "--model",
@@ -521,7 +527,8 @@ fn an_fp8_search_exports_its_fp8_layout() {
 /// the cp ranks).
 #[test]
 fn a_command_without_cp_is_searched_at_cp_1_and_one_with_it_gets_cp() {
-    let work = tmp("cp-template");
+    let scratch = tmp("cp-template");
+    let work = scratch.path();
     let search = |name: &str, cmd: &str| -> Vec<serde_json::Value> {
         let out_dir = work.join(name);
         let out = exatrain(&[

@@ -2,7 +2,7 @@
 //! how a runs file's columns reach the plan.
 
 mod common;
-use common::{exatrain, json};
+use common::{exatrain, json, tmp_dir};
 
 #[test]
 fn validate_median_error_on_published_runs_is_at_most_5_percent() {
@@ -102,8 +102,8 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
 
 #[test]
 fn validate_rejects_a_bad_csv() {
-    let dir = std::env::temp_dir().join(format!("exatrain-val-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("val");
+    let dir = scratch.path();
     let f = dir.join("runs.csv");
     std::fs::write(&f, "name,layers\nx,notanumber\n").unwrap();
     let out = exatrain(&["validate", "--runs", f.to_str().unwrap()]);
@@ -227,8 +227,8 @@ fn predicted(f: &std::path::Path, text: &str) -> impl Fn(&str) -> f64 {
 /// whatever the column says; a value other than yes/no is refused.
 #[test]
 fn validate_honours_how_a_run_reduced_its_gradients() {
-    let dir = std::env::temp_dir().join(format!("exatrain-val-dp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("val-dp");
+    let dir = scratch.path();
     let f = dir.join("runs.csv");
     let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,framework,overlap_dp";
     let row = "1,24,2304,24,2048,51200,256,1,1,256,4,1024,-,full,no,selene,hfu_tflops,137";
@@ -248,8 +248,8 @@ fn validate_honours_how_a_run_reduced_its_gradients() {
 /// had none): the unfused row is predicted slower; with flash attention it makes no difference.
 #[test]
 fn validate_prices_an_unfused_softmax() {
-    let dir = std::env::temp_dir().join(format!("exatrain-val-sm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("val-sm");
+    let dir = scratch.path();
     let f = dir.join("runs.csv");
     let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,flash,softmax";
     let row = "1.2,40,1536,16,1024,51200,1,1,1,1,8,8,-,full,no,dgx-2h,hfu_tflops,39";
@@ -281,8 +281,8 @@ fn validate_prices_an_unfused_softmax() {
 /// is nothing to overlap.
 #[test]
 fn validate_prices_asynchronous_tp_communication() {
-    let dir = std::env::temp_dir().join(format!("exatrain-val-atp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("val-atp");
+    let dir = scratch.path();
     let f = dir.join("runs.csv");
     let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,framework,async_tp";
     let tp8 = "22,48,6144,64,2048,51200,8,8,1,1,4,4,-,full,no,selene,step_s,1.42";
@@ -308,8 +308,8 @@ small-off,{tp1},megatron-lm,no
 /// flash attention) is refused naming the run and the flag.
 #[test]
 fn validate_prices_context_parallel_rows() {
-    let dir = std::env::temp_dir().join(format!("exatrain-val-cp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tmp_dir("val-cp");
+    let dir = scratch.path();
     let f = dir.join("runs.csv");
     let header = "name,params_b,layers,hidden,heads,seq,vocab,gpus,tp,pp,dp,mbs,gbs,interleave,recompute,seq_parallel,cluster,metric,measured,flash,zero,model,cp";
     let shape = "8.0,32,4096,32,8192,128256";

@@ -111,11 +111,12 @@ fn a_training_step_with_recomputation_on_the_gpu_matches_the_cpu() {
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-gpu-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-gpu-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 /// 4 layers, 4 heads of width 8, vocabulary 300 padded to 304, seq 32.
@@ -178,7 +179,8 @@ fn close(name: &str, got: &[f64], want: &[f64]) {
 #[ignore = "needs an NVIDIA GPU (scripts/device_check.sh runs it on the GPU machine)"]
 fn the_trainer_on_the_gpu_takes_the_cpus_steps() {
     use exatrain_train::train::Trainer;
-    let dir = tmp("trainer");
+    let scratch = tmp("trainer");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = cpu_losses(&dir, &data);
     let be = Cuda::open(0, Precision::Fp32, false).unwrap_or_else(|e| panic!("{e}"));
@@ -194,7 +196,8 @@ fn parallel_layouts_sharing_the_gpu_train_what_one_rank_trains() {
     use exatrain_parallel::comm::in_process;
     use exatrain_spec::{Dtype, ParallelConfig};
     use exatrain_train::parallel::{self, Options};
-    let dir = tmp("layouts");
+    let scratch = tmp("layouts");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = cpu_losses(&dir, &data);
     let layout = |tp, pp, dp, zero: u8, sp: bool| ParallelConfig {

@@ -16,11 +16,12 @@ use exatrain_train::GptShape;
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-3d-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-3d-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 /// 8 layers, 8 heads of width 4, vocabulary 300 padded to 304 (so tp shards end in padding).
@@ -164,7 +165,8 @@ fn assert_matches(name: &str, pc: &ParallelConfig, results: &[RankResult], want:
 
 #[test]
 fn every_factorization_of_8_ranks_trains_what_one_process_trains() {
-    let dir = tmp("fact");
+    let scratch = tmp("fact");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 2, 16);
     let mut n = 0;
@@ -189,7 +191,8 @@ fn every_factorization_of_8_ranks_trains_what_one_process_trains() {
 
 #[test]
 fn zero_recompute_and_schedules_train_what_one_process_trains() {
-    let dir = tmp("opts");
+    let scratch = tmp("opts");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 1, 16);
     let cases: Vec<(&str, ParallelConfig, Schedule)> = vec![
@@ -294,7 +297,8 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
 /// values gathered over the group, the gradients reduced and ZeRO-sharded over dp · cp.
 #[test]
 fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
-    let dir = tmp("cp");
+    let scratch = tmp("cp");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 1, 16);
     let cp = |cp: u32, pc: ParallelConfig| ParallelConfig {
@@ -369,7 +373,8 @@ fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
 
 #[test]
 fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
-    let dir = tmp("buckets");
+    let scratch = tmp("buckets");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 1, 16);
     // bucket_elems 1: every block is its own bucket, started as backward leaves it
@@ -415,7 +420,8 @@ fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
 
 #[test]
 fn bytes_moved_and_held_match_the_planner() {
-    let dir = tmp("bytes");
+    let scratch = tmp("bytes");
+    let dir = scratch.path();
     let data = dataset(&dir);
     // bytes do not depend on the machine; priced as the trainer runs them (no framework)
     let cluster = exatrain_spec::presets::cluster("frontier").unwrap().for_trainer();
@@ -523,7 +529,8 @@ fn bytes_moved_and_held_match_the_planner() {
 
 #[test]
 fn a_checkpoint_from_one_layout_resumes_exactly_on_another() {
-    let dir = tmp("resume");
+    let scratch = tmp("resume");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 1, 16);
     let run_with = |pc: &ParallelConfig, start: Option<parallel::Start>| {
@@ -605,7 +612,8 @@ fn a_checkpoint_from_one_layout_resumes_exactly_on_another() {
 
 #[test]
 fn a_failing_rank_stops_every_rank_with_its_message() {
-    let dir = tmp("fail");
+    let scratch = tmp("fail");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let missing = dir.join("no-such-data");
     let pc = layout(2, 2, 2, 1, 16);
@@ -644,7 +652,8 @@ fn a_failing_rank_stops_every_rank_with_its_message() {
 /// explicit first/last size) train what one process trains, with tp and dp too.
 #[test]
 fn uneven_pipeline_stages_train_what_one_process_trains() {
-    let dir = tmp("uneven");
+    let scratch = tmp("uneven");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 2, 16);
     for (tp, pp, dp, first, last) in [
@@ -677,7 +686,8 @@ fn uneven_pipeline_stages_train_what_one_process_trains() {
 /// head; it trains what one process trains, with tp too.
 #[test]
 fn interleaved_stages_counting_the_embedding_and_the_loss_train_what_one_process_trains() {
-    let dir = tmp("interleave-ends");
+    let scratch = tmp("interleave-ends");
+    let dir = scratch.path();
     let data = dataset(&dir);
     let want = reference(&dir, &data, 2, 20);
     for tp in [1u32, 2] {

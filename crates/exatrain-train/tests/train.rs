@@ -13,11 +13,12 @@ use exatrain_train::train::{TrainConfig, Trainer};
 
 const CORPUS: &str = include_str!("../../../data/corpus/devils-dictionary.txt");
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("exatrain-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed with everything in it when the test ends.
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-train-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
 }
 
 fn spec(vocab: u32, seq: u32) -> exatrain_spec::ModelSpec {
@@ -67,7 +68,8 @@ fn cfg(steps: u64) -> TrainConfig {
 fn hf_export_gives_the_logits_transformers_computes() {
     let fixture: serde_json::Value = serde_json::from_str(include_str!("fixtures/hf_tiny.json")).unwrap();
     let (shape, params) = hf::fixture_model();
-    let dir = tmp("hf");
+    let scratch = tmp("hf");
+    let dir = scratch.path();
     hf::export(&shape, &params, None, &dir).unwrap();
     // the very file transformers loaded when the fixture was made
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -176,7 +178,8 @@ fn sha256(data: &[u8]) -> [u8; 32] {
 
 #[test]
 fn resume_continues_bit_identically() {
-    let dir = tmp("resume");
+    let scratch = tmp("resume");
+    let dir = scratch.path();
     let d = dataset(&dir, 30_000, 300);
     let run = |out: &str, steps: u64, ckpt_every: u64| {
         let mut t = Trainer::new(
@@ -219,7 +222,8 @@ fn resume_continues_bit_identically() {
 
 #[test]
 fn corrupt_or_mismatched_checkpoints_are_rejected_whole() {
-    let dir = tmp("corrupt");
+    let scratch = tmp("corrupt");
+    let dir = scratch.path();
     let d = dataset(&dir, 20_000, 300);
     let mut t = Trainer::new(spec(300, 32), cfg(1), &d, &dir.join("run")).unwrap();
     t.train_step().unwrap();
@@ -248,7 +252,8 @@ fn corrupt_or_mismatched_checkpoints_are_rejected_whole() {
 
 #[test]
 fn bad_data_is_a_clear_error() {
-    let dir = tmp("bad");
+    let scratch = tmp("bad");
+    let dir = scratch.path();
     let empty = dir.join("empty.txt");
     std::fs::write(&empty, "  \n").unwrap();
     assert!(data::prepare(&empty, 300, &dir.join("d1"))
@@ -290,7 +295,8 @@ fn bad_data_is_a_clear_error() {
 
 #[test]
 fn nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint() {
-    let dir = tmp("nan");
+    let scratch = tmp("nan");
+    let dir = scratch.path();
     let d = dataset(&dir, 20_000, 300);
     let run = dir.join("run");
     let mut t = Trainer::new(
@@ -322,7 +328,8 @@ fn nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint() {
 
 #[test]
 fn a_loss_far_above_its_minimum_stops_before_the_update() {
-    let dir = tmp("diverge");
+    let scratch = tmp("diverge");
+    let dir = scratch.path();
     let d = dataset(&dir, 20_000, 300);
     let mut t = Trainer::new(spec(300, 32), cfg(8), &d, &dir.join("run")).unwrap();
     t.train_step().unwrap();
@@ -338,7 +345,8 @@ fn a_loss_far_above_its_minimum_stops_before_the_update() {
 
 #[test]
 fn validation_loss_falls_below_the_unigram_entropy() {
-    let dir = tmp("learn");
+    let scratch = tmp("learn");
+    let dir = scratch.path();
     let d = dataset(&dir, 60_000, 400);
     let mut t = Trainer::new(
         spec(400, 32),

@@ -34,6 +34,13 @@ fn small_space() -> SpaceSpec {
     }
 }
 
+/// A fresh folder, removed with everything in it when the test ends.
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
+}
 #[test]
 fn space_count_matches_hand_count() {
     // Shapes (tp, pp, dp) × micro-batches, and the options each admits (see the derivation):
@@ -233,8 +240,8 @@ fn script(dir: &std::path::Path, name: &str, body: &str) -> String {
 
 #[test]
 fn command_evaluator_reads_numbers_and_survives_bad_trials() {
-    let dir = std::env::temp_dir().join(format!("exatrain-eval-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("eval");
+    let dir = tmp.path();
     let cfg = ParallelConfig::new(2, 4, 8, 1, 64);
     let t = Duration::from_secs(5);
     let good = script(
@@ -314,8 +321,8 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
 
 #[test]
 fn store_survives_a_torn_write_and_rejects_corruption() {
-    let dir = std::env::temp_dir().join(format!("exatrain-store-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let tmp = scratch("store");
+    let dir = tmp.path().join("store");
     let mut st = Store::create(&dir, &serde_json::json!({"what": "test"})).unwrap();
     let t = |id| Trial {
         id,
@@ -404,8 +411,8 @@ fn a_miscalibrated_cost_model_as_prior_needs_fewer_trials_than_a_cold_start() {
 
 #[test]
 fn the_throughput_may_come_from_a_file_the_trial_writes() {
-    let dir = std::env::temp_dir().join(format!("exatrain-jsonfile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = scratch("jsonfile");
+    let dir = tmp.path();
     let cfg = ParallelConfig::new(2, 1, 4, 1, 8);
     let writer = script(&dir, "w.sh", r#"echo "{\"measured\": {\"tps\": $2}}" > "$1""#);
     let report = format!("{}/r{{trial}}-{{tp}}.json", dir.display());

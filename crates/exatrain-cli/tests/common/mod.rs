@@ -22,3 +22,11 @@ pub fn json(args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
+
+/// A fresh folder, removed with everything in it when the test ends.
+pub fn tmp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("exatrain-{name}-"))
+        .tempdir()
+        .expect("a folder under the system's temp dir")
+}
