@@ -75,20 +75,17 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig, st: &StageLayers) -> (f64
     let t = p.tp as f64;
     let block = block_params(m, p);
     let table = m.padded_vocab as f64 * m.hidden as f64 / t; // vocabulary-parallel
-    let pos = match m.position {
-        Position::Learned => m.seq_len as f64 * m.hidden as f64,
-        Position::Rope => 0.0,
-    };
+    let emb = embedding_params(m, p);
     let norm = m.norm_params() as f64;
     // The output head: its own matrix when untied; when tied and pp > 1 the last stage keeps a
     // copy of the embedding (Megatron), when tied and pp = 1 it is the same tensor.
     let head = if !m.tied_embeddings || p.pp > 1 { table } else { 0.0 };
     if p.pp == 1 {
-        let all = st.first as f64 * block + table + pos + head + norm;
+        let all = st.first as f64 * block + emb + head + norm;
         (all, all, all)
     } else {
         (
-            st.first as f64 * block + table + pos,
+            st.first as f64 * block + emb,
             st.middle as f64 * block,
             st.last as f64 * block + head + norm,
         )
@@ -100,4 +97,15 @@ pub fn stage_params(m: &ModelSpec, p: &ParallelConfig, st: &StageLayers) -> (f64
 pub fn block_params(m: &ModelSpec, p: &ParallelConfig) -> f64 {
     let (bias_sharded, bias_replicated) = m.layer_bias_params();
     (m.layer_matrix_params() + bias_sharded) as f64 / p.tp as f64 + (bias_replicated + 2 * m.norm_params()) as f64
+}
+
+/// Parameters of the input embedding on one TP rank: the vocabulary-parallel table and, for
+/// learned positions, the position table.
+pub fn embedding_params(m: &ModelSpec, p: &ParallelConfig) -> f64 {
+    let table = m.padded_vocab as f64 * m.hidden as f64 / p.tp as f64;
+    table
+        + match m.position {
+            Position::Learned => m.seq_len as f64 * m.hidden as f64,
+            Position::Rope => 0.0,
+        }
 }

@@ -1,17 +1,11 @@
 //! The composition: memory and step time of one layout.
 
-use exatrain_spec::{ClusterSpec, Dim, Invalid, ModelSpec, ParallelConfig, Recompute};
+use exatrain_spec::{ClusterSpec, Dim, GradBuckets, Invalid, ModelSpec, ParallelConfig, Recompute};
 use serde::Serialize;
 
 use crate::comm::{self, group_link};
 use crate::compute::{self, Device};
 use crate::{flops, memory};
-
-/// Megatron-LM's DDP bucket: at least this many parameters (`bucket_size` default 40 M) ...
-const BUCKET_PARAMS: f64 = 40e6;
-/// ... and at least this many per data-parallel rank (1 M · dp), so buckets stay large enough
-/// to keep the ring's bandwidth at scale.
-const BUCKET_PARAMS_PER_DP: f64 = 1e6;
 
 /// The trainer's default bucket, `train --bucket-mb 25` in fp32 elements (PyTorch DDP's 25 MB).
 const TRAINER_BUCKET_PARAMS: f64 = 25e6 / 4.0;
@@ -308,25 +302,36 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let dp = p.dp_cp();
     // the backward and the forward part of one microbatch
     let (bwd_mb, fwd_mb) = (stage_c * 2.0 / 3.0, stage_c / 3.0);
-    // Overlap as Megatron-LM's DDP does it: gradients are reduced in buckets of max(40 M,
-    // 1 M·dp) parameters (or `dp_bucket`) as backward produces them, so the reduction hides
-    // behind the last microbatch's backward except for the last bucket, which is ready only
-    // when backward ends; the distributed optimizer's parameter all-gather (ZeRO-1/2) hides
-    // behind the next step's first forward except for the first bucket, which the first layer
-    // waits for. The trainer (no framework) cuts its buckets at block boundaries, keeps the
-    // embedding table in a bucket of its own, and gathers the updated parameters after the
-    // optimizer step, with nothing left to hide behind.
-    let given = |b: u64| if b == 0 { f64::INFINITY } else { b as f64 };
-    let tail = match c.stack.framework {
-        Some(_) => {
-            let bucket = p
-                .dp_bucket
-                .map_or(BUCKET_PARAMS.max(BUCKET_PARAMS_PER_DP * dp as f64), given);
-            (bucket / params_dev).min(1.0)
+    // Overlap as the frameworks do it: gradients are reduced as backward produces them, so the
+    // reduction hides behind the last microbatch's backward except for what is left when
+    // backward ends (`GradBuckets`): Megatron-LM's last bucket of max(40 M, 1 M·dp) parameters
+    // (or `dp_bucket`), DeepSpeed's of `reduce_bucket_size`, torchtitan's FSDP2 units of the
+    // first block and the embedding. The distributed optimizer's parameter all-gather
+    // (ZeRO-1/2) hides behind the next step's first forward except for the first bucket, which
+    // the first layer waits for. The trainer (no framework) cuts its buckets at block
+    // boundaries, keeps the embedding table in a bucket of its own, and gathers the updated
+    // parameters after the optimizer step, with nothing left to hide behind.
+    let block_p = memory::block_params(m, p);
+    let tail = match (c.stack.framework, red.buckets) {
+        (None, _) => {
+            let bucket = match p.dp_bucket {
+                None => TRAINER_BUCKET_PARAMS,
+                Some(0) => f64::INFINITY,
+                Some(b) => b as f64,
+            };
+            trainer_tail(st.max(), block_p, params_dev, bucket)
         }
-        None => {
-            let bucket = p.dp_bucket.map_or(TRAINER_BUCKET_PARAMS, given);
-            trainer_tail(st.max(), memory::block_params(m, p), params_dev, bucket)
+        (Some(_), GradBuckets::Params(bucket)) => (bucket / params_dev).min(1.0),
+        (Some(_), GradBuckets::Units) => {
+            // the busiest stage's first block, and the embedding where that stage holds it
+            let holds_embedding = pp == 1 || first_p >= last_p.max(mid_p);
+            let left = block_p
+                + if holds_embedding {
+                    memory::embedding_params(m, p)
+                } else {
+                    0.0
+                };
+            (left / params_dev).min(1.0)
         }
     };
     let hide = |t: f64, window: f64| {

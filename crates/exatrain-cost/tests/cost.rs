@@ -1,6 +1,6 @@
 use exatrain_cost::comm::{self, group_link, Link};
 use exatrain_cost::{flops, memory, plan};
-use exatrain_spec::{presets, Dim, ModelFile, ParallelConfig, Recompute};
+use exatrain_spec::{presets, Dim, Framework, ModelFile, ParallelConfig, Recompute};
 
 fn gpt(layers: u32, hidden: u32, heads: u32, seq: u32, vocab: u32) -> exatrain_spec::ModelSpec {
     ModelFile {
@@ -442,7 +442,6 @@ fn fit_from_step_times_alone_recovers_compute_and_bandwidth() {
 #[test]
 fn a_fit_carries_each_run_to_its_framework() {
     use exatrain_cost::fit::{fit, Factor, Measured, RunStack};
-    use exatrain_spec::Framework;
     let base = presets::cluster("dgx-h100").unwrap();
     assert_eq!(base.stack.framework, Some(Framework::MegatronLm));
     let mut truth = base.clone();
@@ -605,9 +604,10 @@ fn overlaps_expose_what_the_frameworks_cannot_hide() {
 
 /// The exposed tail of an overlapped gradient reduction is the share of the gradients no bucket
 /// holds before backward ends: Megatron-LM's one bucket of `dp_bucket` (default max(40 M,
-/// 1 M·dp)) parameters, or the trainer's buckets cut at block boundaries from the last block
-/// back with the embedding apart; the trainer's ZeRO-1 parameter gather (after the optimizer
-/// step) hides behind nothing.
+/// 1 M·dp)) parameters, DeepSpeed's of 5e8, torchtitan's FSDP2 units of the first block and
+/// the embedding, or the trainer's buckets cut at block boundaries from the last block back
+/// with the embedding apart; the trainer's ZeRO-1 parameter gather (after the optimizer step)
+/// hides behind nothing.
 #[test]
 fn the_dp_bucket_sets_the_exposed_tail_as_each_stack_cuts_its_buckets() {
     let m = gpt(24, 1024, 16, 1024, 32000);
@@ -656,6 +656,17 @@ fn the_dp_bucket_sets_the_exposed_tail_as_each_stack_cuts_its_buckets() {
         at(&trainer, 1, true, Some(bucket)),
     );
     assert!(close(off - on, off / 2.0 * (1.0 - tail), 1e-6), "{off} {on}");
+    // torchtitan's FSDP2 units: the first block's and the embedding's are left at the end
+    let titan = megatron.for_framework(Framework::Torchtitan);
+    let emb = memory::embedding_params(&m, &ParallelConfig::new(1, 1, 8, 1, 8));
+    let whole = at(&titan, 0, false, None);
+    assert!(close(at(&titan, 0, true, None), (block + emb) / params * whole, 1e-9));
+    // DeepSpeed's ZeRO-2 buckets of 5e8 elements hold this whole model: nothing hides, unless
+    // the buckets are planned smaller
+    let ds = megatron.for_framework(Framework::MegatronDeepspeed);
+    let whole = at(&ds, 2, false, None);
+    assert!(params < 5e8 && close(at(&ds, 2, true, None), whole, 1e-12));
+    assert!(at(&ds, 2, true, Some(20_000_000)) < 0.5 * whole);
 }
 
 /// The software stack's efficiency is apart from the hardware: fitting it (or setting it) slows
@@ -701,7 +712,6 @@ fn the_stack_efficiency_scales_compute_but_not_the_peak() {
 /// hides); a stack that names no framework is kept.
 #[test]
 fn a_cluster_is_carried_to_another_framework_by_its_kernel_efficiency() {
-    use exatrain_spec::Framework;
     let c = presets::cluster("selene").unwrap();
     assert_eq!(c.stack.framework, Some(Framework::MegatronLm));
     let ds = c.for_framework(Framework::MegatronDeepspeed);
@@ -772,7 +782,6 @@ fn a_measured_gemm_table_moves_the_compute_time() {
 /// gradients in buckets behind backward. The same layout's data-parallel time is priced by hand.
 #[test]
 fn deepspeed_reduces_fp32_gradients_after_the_flush() {
-    use exatrain_spec::Framework;
     let lm = presets::cluster("jean-zay").unwrap();
     let ds = lm.for_framework(Framework::MegatronDeepspeed);
     let m = presets::model("gpt-175b").unwrap();

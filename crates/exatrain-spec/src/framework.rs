@@ -65,24 +65,27 @@ impl Framework {
 
     /// How this framework reduces the data-parallel gradients of a layout (and, with ZeRO-1,
     /// gathers the updated weights), as exatrain's export runs it.
-    /// - Megatron-LM: bucketed, overlapped with backward when `overlap_dp`
-    ///   (`--overlap-grad-reduce`), on the wire in the training dtype (`--grad-reduce-in-bf16`,
-    ///   which the export passes; in fp32 where the stack says it was not:
-    ///   `StackSpec::grad_reduce_bf16`).
-    /// - torchtitan: FSDP2's hooks overlap as Megatron's buckets do; its gradients reduce in fp32
-    ///   (`training.mixed_precision_reduce = "float32"`, its default, which the export keeps).
+    /// - Megatron-LM: in buckets of `dp_bucket` or max(40 M, 1 M · dp · cp) parameters,
+    ///   overlapped with backward when `overlap_dp` (`--overlap-grad-reduce`), on the wire in the
+    ///   training dtype (`--grad-reduce-in-bf16`, which the export passes; in fp32 where the stack
+    ///   says it was not: `StackSpec::grad_reduce_bf16`).
+    /// - torchtitan: FSDP2 reduces each unit (a block; the embedding; the final norm with the
+    ///   head) when its backward ends, in fp32 (`training.mixed_precision_reduce = "float32"`,
+    ///   its default, which the export keeps).
     /// - Megatron-DeepSpeed in bf16 with ZeRO ≤ 1: DeepSpeed's `BF16_Optimizer` (fp32 gradient
     ///   accumulation, `data_types.grad_accum_dtype = fp32` in the exported config, as BLOOM
     ///   ran) all-reduces its fp32 gradients at the accumulation boundary — after the pipeline's
     ///   flush (`_exec_reduce_grads`) or after the last backward — then all-gathers the updated
     ///   bf16 weights; nothing overlaps compute.
     /// - Megatron-DeepSpeed otherwise: ZeRO-1 reduces at the boundary too; `overlap_comm`
-    ///   overlaps ZeRO-2/3's bucket reductions with backward.
+    ///   overlaps ZeRO-2/3's bucket reductions (`reduce_bucket_size`, 5e8 elements unless
+    ///   planned) with backward.
     pub fn dp_reduction(self, c: &ParallelConfig, stack: &StackSpec) -> DpReduction {
         let wire = c.dtype.bytes();
         match self {
             Framework::MegatronLm => DpReduction {
                 overlapped: c.overlap_dp,
+                buckets: GradBuckets::planned(c, GradBuckets::megatron_default(c.dp_cp())),
                 grad_wire_bytes: if stack.grad_reduce_bf16 {
                     wire
                 } else {
@@ -92,16 +95,19 @@ impl Framework {
             },
             Framework::Torchtitan => DpReduction {
                 overlapped: c.overlap_dp,
+                buckets: GradBuckets::Units,
                 grad_wire_bytes: Dtype::Fp32.bytes(),
                 all_reduce: c.zero == 0,
             },
             Framework::MegatronDeepspeed if c.dtype == Dtype::Bf16 && c.zero <= 1 => DpReduction {
                 overlapped: false,
+                buckets: GradBuckets::Params(f64::INFINITY),
                 grad_wire_bytes: Dtype::Fp32.bytes(),
                 all_reduce: true,
             },
             Framework::MegatronDeepspeed => DpReduction {
                 overlapped: c.overlap_dp && c.zero >= 2,
+                buckets: GradBuckets::planned(c, GradBuckets::DEEPSPEED_DEFAULT),
                 grad_wire_bytes: wire,
                 all_reduce: c.zero == 0,
             },
@@ -471,11 +477,44 @@ pub struct DpReduction {
     /// Bucketed and overlapped with backward (the exposed part is the last bucket); false: it
     /// starts when the last microbatch's backward ends, and the ZeRO weight gather waits for it.
     pub overlapped: bool,
+    /// How the overlapped reduction groups the gradients.
+    pub buckets: GradBuckets,
     /// Bytes of one gradient element on the wire.
     pub grad_wire_bytes: f64,
     /// Every rank receives the whole sum (all-reduce) rather than its shard (reduce-scatter),
     /// even when the optimizer is sharded (DeepSpeed's `BF16_Optimizer`).
     pub all_reduce: bool,
+}
+
+/// What an overlapped data-parallel reduction starts while backward runs: whatever is left when
+/// backward ends is the exposed tail.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GradBuckets {
+    /// Buckets of at least this many parameters, filled from the last layer back; the one that
+    /// holds the first layers is reduced when backward ends (`f64::INFINITY`: one bucket).
+    Params(f64),
+    /// FSDP2 units: each block, the embedding, and the final norm with the head, each reduced
+    /// when its backward ends; the first block's and the embedding's are left at the end.
+    Units,
+}
+
+impl GradBuckets {
+    /// Megatron-LM's DDP default bucket: max(40 M, 1 M · dp · cp) parameters (its `bucket_size`
+    /// resolved in `resolve_ddp_bucket_size`), so buckets keep the ring's bandwidth at scale.
+    pub fn megatron_default(dp_cp: u32) -> f64 {
+        40e6_f64.max(1e6 * dp_cp as f64)
+    }
+
+    /// DeepSpeed's ZeRO `reduce_bucket_size` default, elements (5e8).
+    pub const DEEPSPEED_DEFAULT: f64 = 5e8;
+
+    /// A planned `dp_bucket` (0: one bucket), else `default`.
+    pub fn planned(c: &ParallelConfig, default: f64) -> GradBuckets {
+        GradBuckets::Params(
+            c.dp_bucket
+                .map_or(default, |b| if b == 0 { f64::INFINITY } else { b as f64 }),
+        )
+    }
 }
 
 impl fmt::Display for Framework {

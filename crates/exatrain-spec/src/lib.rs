@@ -21,6 +21,6 @@ pub use cluster::{
     StackSpec, StackSwitches, SystemSpec, GEMM_TABLE_MAX,
 };
 pub use error::{Invalid, SpecError};
-pub use framework::{DpReduction, Framework, SelectiveRecompute};
+pub use framework::{DpReduction, Framework, GradBuckets, SelectiveRecompute};
 pub use model::{Mlp, ModelFile, ModelSpec, Norm, Position};
 pub use parallel::{Dim, Dtype, ParallelConfig, RankOrder, Recompute, StageLayers};
