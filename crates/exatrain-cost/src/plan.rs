@@ -308,7 +308,8 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // (or `dp_bucket`), DeepSpeed's of `reduce_bucket_size`, torchtitan's FSDP2 units of the
     // first block and the embedding. The distributed optimizer's parameter all-gather
     // (ZeRO-1/2) hides behind the next step's first forward except for the first bucket, which
-    // the first layer waits for. The trainer (no framework) cuts its buckets at block
+    // the first layer waits for (Megatron-LM, torchtitan; DeepSpeed gathers when its optimizer
+    // step ends). The trainer (no framework) cuts its buckets at block
     // boundaries, keeps the embedding table in a bucket of its own, and gathers the updated
     // parameters after the optimizer step, with nothing left to hide behind.
     let block_p = memory::block_params(m, p);
@@ -341,7 +342,7 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
             t
         }
     };
-    let gather_hides = c.stack.framework.is_some();
+    let gather_hides = c.stack.framework.is_some() && red.gather_hidden;
     let hide_gather = |t: f64, window: f64| if gather_hides { hide(t, window) } else { t };
     let dpf = dp as f64;
     let ring_bytes = |full: f64| {

@@ -79,13 +79,15 @@ impl Framework {
     ///   bf16 weights; nothing overlaps compute.
     /// - Megatron-DeepSpeed otherwise: ZeRO-1 reduces at the boundary too; `overlap_comm`
     ///   overlaps ZeRO-2/3's bucket reductions (`reduce_bucket_size`, 5e8 elements unless
-    ///   planned) with backward.
+    ///   planned) with backward. Its ZeRO-1/2 parameter gather ends the optimizer step.
     pub fn dp_reduction(self, c: &ParallelConfig, stack: &StackSpec) -> DpReduction {
         let wire = c.dtype.bytes();
         match self {
             Framework::MegatronLm => DpReduction {
                 overlapped: c.overlap_dp,
                 buckets: GradBuckets::planned(c, GradBuckets::megatron_default(c.dp_cp())),
+                // --overlap-param-gather, which the export passes with the distributed optimizer
+                gather_hidden: c.overlap_dp,
                 grad_wire_bytes: if stack.grad_reduce_bf16 {
                     wire
                 } else {
@@ -96,18 +98,23 @@ impl Framework {
             Framework::Torchtitan => DpReduction {
                 overlapped: c.overlap_dp,
                 buckets: GradBuckets::Units,
+                // each unit's parameters gathered one unit ahead of its forward
+                gather_hidden: c.overlap_dp,
                 grad_wire_bytes: Dtype::Fp32.bytes(),
                 all_reduce: c.zero == 0,
             },
             Framework::MegatronDeepspeed if c.dtype == Dtype::Bf16 && c.zero <= 1 => DpReduction {
                 overlapped: false,
                 buckets: GradBuckets::Params(f64::INFINITY),
+                gather_hidden: false,
                 grad_wire_bytes: Dtype::Fp32.bytes(),
                 all_reduce: true,
             },
             Framework::MegatronDeepspeed => DpReduction {
                 overlapped: c.overlap_dp && c.zero >= 2,
                 buckets: GradBuckets::planned(c, GradBuckets::DEEPSPEED_DEFAULT),
+                // DeepSpeed gathers the updated parameters at the end of its optimizer step
+                gather_hidden: false,
                 grad_wire_bytes: wire,
                 all_reduce: c.zero == 0,
             },
@@ -479,6 +486,9 @@ pub struct DpReduction {
     pub overlapped: bool,
     /// How the overlapped reduction groups the gradients.
     pub buckets: GradBuckets,
+    /// ZeRO-1/2's gather of the updated parameters runs under the next step's first forward
+    /// (all but its first bucket); false: when the optimizer step ends, in the open.
+    pub gather_hidden: bool,
     /// Bytes of one gradient element on the wire.
     pub grad_wire_bytes: f64,
     /// Every rank receives the whole sum (all-reduce) rather than its shard (reduce-scatter),
