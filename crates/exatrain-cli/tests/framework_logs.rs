@@ -16,10 +16,7 @@ fn ok(o: Output) -> String {
 
 /// A fresh folder, removed with everything in it when the test ends.
 fn tmp(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("exatrain-logs-{name}-"))
-        .tempdir()
-        .expect("a folder under the system's temp dir")
+    common::tmp_dir(&format!("logs-{name}"))
 }
 
 /// The planner's step time for a layout under `cluster`, as `framework` runs it.

@@ -4,6 +4,9 @@
 //! stand-in libcuda built from tests/fixtures/no_gpu_libcuda.c). On the GPU machine,
 //! scripts/device_check.sh runs the same command for real.
 
+mod common;
+use common::tmp_dir;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -49,14 +52,6 @@ fn has_driver() -> bool {
     ]
     .iter()
     .any(|p| Path::new(p).exists())
-}
-
-/// A fresh folder, removed with everything in it when the test ends.
-fn tmp_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("exatrain-{name}-"))
-        .tempdir()
-        .expect("a folder under the system's temp dir")
 }
 
 /// A stand-in libcuda that loads but sees no device, in a fresh folder.

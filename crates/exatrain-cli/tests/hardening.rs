@@ -2,6 +2,8 @@
 //! checkpoint becomes `latest`, a resume continues the run it names, bad input is named, and the
 //! tuner leaves nothing half-made behind.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -15,10 +17,7 @@ fn run_in(dir: &Path, args: &[&str]) -> Output {
 
 /// A fresh folder, removed with everything in it when the test ends.
 fn tmp(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("exatrain-hard-{name}-"))
-        .tempdir()
-        .expect("a folder under the system's temp dir")
+    common::tmp_dir(&format!("hard-{name}"))
 }
 
 fn tiny(dir: &Path) -> PathBuf {

@@ -2,16 +2,11 @@
 //! (.ci/run does; it installs Open MPI). Without the feature this file has no tests.
 #![cfg(feature = "mpi")]
 
+mod common;
+use common::tmp_dir;
+
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-
-/// A fresh folder, removed with everything in it when the test ends.
-fn tmp_dir(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("exatrain-{name}-"))
-        .tempdir()
-        .expect("a folder under the system's temp dir")
-}
 
 fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_exatrain")

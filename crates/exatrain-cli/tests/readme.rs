@@ -6,6 +6,8 @@
 //! here fails every trial, which is the expected error); `<!-- readme-test: mpi -->` runs when
 //! built with the `mpi` feature (as CI builds it).
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -48,10 +50,7 @@ fn every_readme_example_runs_as_written() {
     let blocks = blocks(&readme);
     assert!(blocks.iter().filter(|b| b.0 == Mode::Run).count() >= 2, "{blocks:?}");
     // removed with everything the examples wrote when the test ends
-    let scratch = tempfile::Builder::new()
-        .prefix("exatrain-readme-")
-        .tempdir()
-        .expect("a folder under the system's temp dir");
+    let scratch = common::tmp_dir("readme");
     let work = scratch.path();
     std::os::unix::fs::symlink(root.join("data").canonicalize().unwrap(), work.join("data")).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_exatrain"))

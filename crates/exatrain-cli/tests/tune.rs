@@ -8,10 +8,7 @@ use common::exatrain;
 
 /// A fresh folder, removed with everything in it when the test ends.
 fn tmp(name: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("exatrain-tune-{name}-"))
-        .tempdir()
-        .expect("a folder under the system's temp dir")
+    common::tmp_dir(&format!("tune-{name}"))
 }
 
 #[test]
