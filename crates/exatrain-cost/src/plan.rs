@@ -309,9 +309,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // first block and the embedding. The distributed optimizer's parameter all-gather
     // (ZeRO-1/2) hides behind the next step's first forward except for the first bucket, which
     // the first layer waits for (Megatron-LM, torchtitan; DeepSpeed gathers when its optimizer
-    // step ends). The trainer (no framework) cuts its buckets at block
-    // boundaries, keeps the embedding table in a bucket of its own, and gathers the updated
-    // parameters after the optimizer step, with nothing left to hide behind.
+    // step ends). The trainer (no framework) cuts its buckets at block boundaries, keeps the
+    // embedding table in a bucket of its own, and gathers the updated parameters after the
+    // optimizer step, with nothing left to hide behind.
     let block_p = memory::block_params(m, p);
     let tail = match (c.stack.framework, red.buckets) {
         (None, _) => {
