@@ -199,13 +199,13 @@ mod tests {
     fn a_folder_with_a_run_is_claimed_only_with_overwrite() {
         let scratch = tmp("claim");
         let d = scratch.path();
-        assert!(claim(&d, false).is_ok());
+        assert!(claim(d, false).is_ok());
         std::fs::write(d.join(METRICS), "{\"step\":1}\n").unwrap();
-        let e = claim(&d, false).unwrap_err().0;
+        let e = claim(d, false).unwrap_err().0;
         assert!(e.contains("--resume") && e.contains("--overwrite"), "{e}");
         std::fs::create_dir_all(d.join("data")).unwrap();
-        claim(&d, true).unwrap();
-        assert!(holds_run(&d).is_none() && d.join("data").is_dir());
+        claim(d, true).unwrap();
+        assert!(holds_run(d).is_none() && d.join("data").is_dir());
     }
 
     #[test]
@@ -214,7 +214,7 @@ mod tests {
         let d = scratch.path();
         let lines: String = (1..=5).map(|s| format!("{{\"step\":{s}}}\n")).collect();
         std::fs::write(d.join(METRICS), lines).unwrap();
-        let p = Progress::new(&d, 3, 6, true).unwrap();
+        let p = Progress::new(d, 3, 6, true).unwrap();
         p.step(4, &serde_json::json!({"step": 4}), String::new()).unwrap();
         let steps: Vec<u64> = std::fs::read_to_string(d.join(METRICS))
             .unwrap()

@@ -224,7 +224,7 @@ fn fit_logs(logs: &[PathBuf], out: &Path) -> String {
 fn three_short_runs_fit_a_cluster_that_projects_the_training() {
     let scratch = tmp("fit");
     let d = scratch.path();
-    let logs = [megatron_log(&d), deepspeed_log(&d), torchtitan_log(&d)];
+    let logs = [megatron_log(d), deepspeed_log(d), torchtitan_log(d)];
     let fitted = d.join("fitted.toml");
     let text = fit_logs(&logs, &fitted);
     assert!(
@@ -324,27 +324,27 @@ fn three_short_runs_fit_a_cluster_that_projects_the_training() {
 fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     let scratch = tmp("switches");
     let d = scratch.path();
-    megatron_log_with(&d, "plain", &[]);
-    megatron_log_with(&d, "no-overlap", &[("overlap_grad_reduce", "False")]);
+    megatron_log_with(d, "plain", &[]);
+    megatron_log_with(d, "no-overlap", &[("overlap_grad_reduce", "False")]);
     // --ddp-bucket-size larger than a stage's parameters: one bucket, ready when backward ends
-    megatron_log_with(&d, "one-bucket", &[("ddp_bucket_size", "4000000000")]);
+    megatron_log_with(d, "one-bucket", &[("ddp_bucket_size", "4000000000")]);
     megatron_log_with(
-        &d,
+        d,
         "fp32-reduce",
         &[("overlap_grad_reduce", "False"), ("grad_reduce_in_bf16", "False")],
     );
     megatron_log_with(
-        &d,
+        d,
         "unfused",
         &[("masked_softmax_fusion", "False"), ("bias_dropout_fusion", "True")],
     );
     megatron_log_with(
-        &d,
+        d,
         "checkpointed",
         &[("checkpoint_activations", "True"), ("recompute_granularity", "None")],
     );
     megatron_log_with(
-        &d,
+        d,
         "fsdp",
         &[
             ("use_megatron_fsdp", "True"),
@@ -353,7 +353,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     );
     // context parallelism: world 16 = tp 2 · cp 2 · pp 2 · dp 2
     megatron_log_with(
-        &d,
+        d,
         "cp2",
         &[
             ("context_parallel_size", "2"),
@@ -364,7 +364,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
     // … with a run file and no data parallelism: the gradients are still reduced (over the two
     // CP ranks), so the dump's overlap_grad_reduce True agrees with it
     megatron_log_with(
-        &d,
+        d,
         "cp-dp1",
         &[
             ("world_size", "8"),
@@ -373,7 +373,7 @@ fn a_megatron_logs_arguments_set_its_overlaps_and_fusions() {
         ],
     );
     with_run_file(
-        &d,
+        d,
         "cp-dp1",
         "llama2-7b",
         &[
@@ -471,22 +471,22 @@ fn bad_logs_get_one_clear_line() {
     let scratch = tmp("bad");
     let d = scratch.path();
     std::fs::write(d.join("noise.log"), "hello\nworld\n").unwrap();
-    let titan = torchtitan_log(&d);
+    let titan = torchtitan_log(d);
     std::fs::remove_file(d.join("titan.toml")).unwrap();
     // a Megatron log whose argument dump disagrees with its run file
-    let meg = megatron_log(&d);
+    let meg = megatron_log(d);
     with_run_file(
-        &d,
+        d,
         "megatron",
         "llama2-7b",
         &["--gpus", "16", "--tp", "4", "--pp", "1", "--global-batch", "64"],
     );
     // a log that ran without the DP overlap its run file plans
-    let unoverlapped = megatron_log_with(&d, "unoverlapped", &[("overlap_grad_reduce", "False")]);
-    with_run_file(&d, "unoverlapped", "llama2-7b", &MEGATRON_LAYOUT);
+    let unoverlapped = megatron_log_with(d, "unoverlapped", &[("overlap_grad_reduce", "False")]);
+    with_run_file(d, "unoverlapped", "llama2-7b", &MEGATRON_LAYOUT);
     // partial recomputation: 4 of the 16 layers of each stage
     let partial = megatron_log_with(
-        &d,
+        d,
         "partial",
         &[
             ("recompute_granularity", "full"),
@@ -496,7 +496,7 @@ fn bad_logs_get_one_clear_line() {
     );
     // context parallelism by all-to-all, which the planner does not price
     let a2a = megatron_log_with(
-        &d,
+        d,
         "a2a",
         &[
             ("context_parallel_size", "2"),
@@ -714,7 +714,7 @@ fn published_runs_fit_the_cluster_they_ran_on() {
     let header = text.lines().find(|l| l.starts_with("name,")).unwrap();
     for (name, cluster) in [("k22-22b-full", "selene"), ("shoeybi19-1.2b-1gpu", "dgx-2h")] {
         one_shot(
-            &d,
+            d,
             header,
             text.lines().find(|l| l.starts_with(&format!("{name},"))).unwrap(),
             cluster,

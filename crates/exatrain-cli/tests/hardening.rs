@@ -55,10 +55,10 @@ fn steps(lines: &str) -> Vec<u64> {
 fn a_diverging_multi_rank_run_stops_and_never_names_a_bad_checkpoint() {
     let scratch = tmp("diverge");
     let d = scratch.path();
-    let m = tiny(&d);
+    let m = tiny(d);
     // lr 5: the second step's loss is far above the first's
     let o = run_in(
-        &d,
+        d,
         &[
             "train",
             "--model",
@@ -102,7 +102,7 @@ fn a_diverging_multi_rank_run_stops_and_never_names_a_bad_checkpoint() {
 fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
     let scratch = tmp("resume");
     let d = scratch.path();
-    let m = tiny(&d);
+    let m = tiny(d);
     let first = d.join("a");
     std::fs::create_dir_all(&first).unwrap();
     let base = [
@@ -129,14 +129,14 @@ fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
     let run = first.join("run");
     let r = run.to_str().unwrap();
     // from another working directory, with no flags: the run is complete
-    let e = err(&run_in(&d, &["train", "--resume", r]));
+    let e = err(&run_in(d, &["train", "--resume", r]));
     assert!(e.contains("already completed 3 steps"), "{e}");
-    let e = err(&run_in(&d, &["train", "--resume", r, "--steps", "2"]));
+    let e = err(&run_in(d, &["train", "--resume", r, "--steps", "2"]));
     assert!(e.contains("--steps 2"), "{e}");
     // resume from the step-2 checkpoint: keeps the 2-rank tp 2 layout, extends to 5 steps,
     // reports the deliberate change of --lr
     std::fs::write(run.join("latest"), "ckpt-000002").unwrap();
-    let o = run_in(&d, &["train", "--resume", r, "--steps", "5", "--lr", "0.002", "--json"]);
+    let o = run_in(d, &["train", "--resume", r, "--steps", "5", "--lr", "0.002", "--json"]);
     let out = ok(&o);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("--lr 0.001 → 0.002"), "{stderr}");
@@ -160,9 +160,9 @@ fn resume_continues_the_run_from_any_folder_and_metrics_hold_each_step_once() {
 fn keep_last_prunes_old_checkpoints_but_never_latest() {
     let scratch = tmp("keep");
     let d = scratch.path();
-    let m = tiny(&d);
+    let m = tiny(d);
     ok(&run_in(
-        &d,
+        d,
         &[
             "train",
             "--model",
@@ -380,7 +380,7 @@ fn bad_values_are_named_with_what_is_allowed() {
         ),
     ];
     for (args, want) in cases {
-        let o = run_in(&d, args);
+        let o = run_in(d, args);
         let e = err(&o);
         assert!(e.contains(want), "{args:?}: got {e}, want {want}");
         assert_eq!(e.trim().lines().count(), 1, "{args:?}: one line, got {e}");
@@ -424,16 +424,16 @@ fn the_tuner_checks_flags_before_making_its_store_and_fails_when_every_trial_fai
         v.iter().map(|s| s.to_string()).collect::<Vec<String>>()
     };
     let args = with("echo {bogus}", "s1");
-    let e = err(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let e = err(&run_in(d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(e.contains("unknown placeholder {bogus}"), "{e}");
     assert!(!d.join("s1").exists(), "no store left behind by a typo");
     // every trial fails: exit 2 with the first failure
     let args = with("echo oops >&2; exit 3", "s2");
-    let e = err(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let e = err(&run_in(d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(e.contains("all 2 trials failed") && e.contains("oops"), "{e}");
     // literal braces: the command prints a JSON object
     let args = with("echo '{{\"tokens_per_s\": {micro_batch}00}}'", "s3");
-    let out = ok(&run_in(&d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let out = ok(&run_in(d, &args.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(out.contains("2 trials (0 failed"), "{out}");
 }
 
@@ -445,7 +445,7 @@ fn killing_the_tuner_ends_its_running_trial() {
     let pidfile = d.join("trial.pid");
     let cmd = format!("echo $$ > {}; exec sleep 60 # {{trial}}", pidfile.display());
     let mut tuner = Command::new(exe())
-        .current_dir(&d)
+        .current_dir(d)
         .args([
             "tune",
             "--model",
@@ -522,9 +522,9 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
     }
     let scratch = tmp("hf");
     let d = scratch.path();
-    let m = tiny(&d);
+    let m = tiny(d);
     ok(&run_in(
-        &d,
+        d,
         &[
             "train",
             "--model",
@@ -540,7 +540,7 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
             "--json",
         ],
     ));
-    ok(&run_in(&d, &["export-hf", "run", "hf"]));
+    ok(&run_in(d, &["export-hf", "run", "hf"]));
     let prompt = "LOVE, n. A temporary insanity curable by marriage";
     let tk = exatrain_train::data::load_tokenizer(&d.join("run/data")).unwrap();
     let want: Vec<u32> = tk.encode(prompt, false).unwrap().get_ids().to_vec();
@@ -548,7 +548,7 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
         "from transformers import AutoTokenizer\nt = AutoTokenizer.from_pretrained('hf')\nprint(t({prompt:?}, add_special_tokens=False)['input_ids'])"
     );
     let o = Command::new("python3")
-        .current_dir(&d)
+        .current_dir(d)
         .args(["-c", &py])
         .output()
         .unwrap();
@@ -564,7 +564,7 @@ fn the_hf_export_tokenizes_through_autotokenizer_as_sample_does() {
 fn multi_rank_metrics_carry_the_validation_loss_and_sample_of_one_process() {
     let scratch = tmp("valloss");
     let d = scratch.path();
-    let model = tiny(&d);
+    let model = tiny(d);
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/corpus/devils-dictionary.txt");
     let common = [
         "train",
@@ -584,10 +584,10 @@ fn multi_rank_metrics_carry_the_validation_loss_and_sample_of_one_process() {
     ];
     let mut one = common.to_vec();
     one.extend(["--out", "one"]);
-    ok(&run_in(&d, &one));
+    ok(&run_in(d, &one));
     let mut four = common.to_vec();
     four.extend(["--out", "four", "--ranks", "4", "--tp", "2", "--pp", "2"]);
-    ok(&run_in(&d, &four));
+    ok(&run_in(d, &four));
     let lines = |run: &str| -> Vec<serde_json::Value> {
         std::fs::read_to_string(d.join(run).join("metrics.jsonl"))
             .unwrap()

@@ -70,7 +70,7 @@ fn every_readme_example_runs_as_written() {
         let t0 = std::time::Instant::now();
         let o = Command::new("sh")
             .args(["-e", "-c", body])
-            .current_dir(&work)
+            .current_dir(work)
             .env("PATH", &path)
             .output()
             .expect("sh");

@@ -218,7 +218,7 @@ fn lines(dir: &Path) -> Vec<serde_json::Value> {
 fn a_killed_search_resumes_without_losing_or_repeating_trials() {
     let scratch = tmp("kill");
     let work = scratch.path();
-    let cmd = fake_trainer(&work);
+    let cmd = fake_trainer(work);
     let common = |out: &Path| -> Vec<String> {
         [
             "tune",
@@ -321,7 +321,7 @@ fn tiny_model(dir: &Path, layers: u32) -> PathBuf {
 fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
     let scratch = tmp("trainer-eval");
     let work = scratch.path();
-    let model = tiny_model(&work, 1);
+    let model = tiny_model(work, 1);
     let m = model.to_str().unwrap();
     let cmd = format!(
         "{} train --model {m} --ranks {{dp}} --zero {{zero}} --micro-batch {{micro_batch}} --global-batch {{global_batch}} --steps 2 --json --out {}/run{{trial}}",
@@ -379,7 +379,7 @@ fn the_trainer_is_a_tuner_evaluator_through_the_command_template() {
 fn the_trainer_evaluator_runs_trials_seeded_by_a_prior_and_resumes() {
     let scratch = tmp("train-prior");
     let work = scratch.path();
-    let model = tiny_model(&work, 2);
+    let model = tiny_model(work, 2);
     let (m, out) = (model.to_str().unwrap(), work.join("search"));
     let o = out.to_str().unwrap();
     let base = [

@@ -167,8 +167,8 @@ fn assert_matches(name: &str, pc: &ParallelConfig, results: &[RankResult], want:
 fn every_factorization_of_8_ranks_trains_what_one_process_trains() {
     let scratch = tmp("fact");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 2, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 2, 16);
     let mut n = 0;
     for tp in [1u32, 2, 4, 8] {
         for pp in [1u32, 2, 4, 8] {
@@ -193,8 +193,8 @@ fn every_factorization_of_8_ranks_trains_what_one_process_trains() {
 fn zero_recompute_and_schedules_train_what_one_process_trains() {
     let scratch = tmp("opts");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 1, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 1, 16);
     let cases: Vec<(&str, ParallelConfig, Schedule)> = vec![
         (
             "tp2 pp2 dp2 ZeRO-2 selective",
@@ -299,8 +299,8 @@ fn zero_recompute_and_schedules_train_what_one_process_trains() {
 fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
     let scratch = tmp("cp");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 1, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 1, 16);
     let cp = |cp: u32, pc: ParallelConfig| ParallelConfig {
         cp,
         flash_attention: true,
@@ -375,8 +375,8 @@ fn flash_attention_and_context_parallelism_train_what_one_process_trains() {
 fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
     let scratch = tmp("buckets");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 1, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 1, 16);
     // bucket_elems 1: every block is its own bucket, started as backward leaves it
     for (zero, overlap, pp, v, tp, sp) in [
         (0u8, true, 1u32, 1u32, 1u32, false),
@@ -422,7 +422,7 @@ fn gradient_buckets_reduced_during_backward_train_what_one_process_trains() {
 fn bytes_moved_and_held_match_the_planner() {
     let scratch = tmp("bytes");
     let dir = scratch.path();
-    let data = dataset(&dir);
+    let data = dataset(dir);
     // bytes do not depend on the machine; priced as the trainer runs them (no framework)
     let cluster = exatrain_spec::presets::cluster("frontier").unwrap().for_trainer();
     let cases = [
@@ -531,8 +531,8 @@ fn bytes_moved_and_held_match_the_planner() {
 fn a_checkpoint_from_one_layout_resumes_exactly_on_another() {
     let scratch = tmp("resume");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 1, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 1, 16);
     let run_with = |pc: &ParallelConfig, start: Option<parallel::Start>| {
         let c = TrainConfig {
             ckpt_every: 3,
@@ -614,7 +614,7 @@ fn a_checkpoint_from_one_layout_resumes_exactly_on_another() {
 fn a_failing_rank_stops_every_rank_with_its_message() {
     let scratch = tmp("fail");
     let dir = scratch.path();
-    let data = dataset(&dir);
+    let data = dataset(dir);
     let missing = dir.join("no-such-data");
     let pc = layout(2, 2, 2, 1, 16);
     let c = cfg(1, 16);
@@ -654,8 +654,8 @@ fn a_failing_rank_stops_every_rank_with_its_message() {
 fn uneven_pipeline_stages_train_what_one_process_trains() {
     let scratch = tmp("uneven");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 2, 16);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 2, 16);
     for (tp, pp, dp, first, last) in [
         (1u32, 3u32, 1u32, None, None),
         (2, 3, 1, None, None),
@@ -688,8 +688,8 @@ fn uneven_pipeline_stages_train_what_one_process_trains() {
 fn interleaved_stages_counting_the_embedding_and_the_loss_train_what_one_process_trains() {
     let scratch = tmp("interleave-ends");
     let dir = scratch.path();
-    let data = dataset(&dir);
-    let want = reference(&dir, &data, 2, 20);
+    let data = dataset(dir);
+    let want = reference(dir, &data, 2, 20);
     for tp in [1u32, 2] {
         let pc = ParallelConfig {
             virtual_stages: 2,

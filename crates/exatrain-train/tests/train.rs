@@ -70,7 +70,7 @@ fn hf_export_gives_the_logits_transformers_computes() {
     let (shape, params) = hf::fixture_model();
     let scratch = tmp("hf");
     let dir = scratch.path();
-    hf::export(&shape, &params, None, &dir).unwrap();
+    hf::export(&shape, &params, None, dir).unwrap();
     // the very file transformers loaded when the fixture was made
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let sha = {
@@ -180,7 +180,7 @@ fn sha256(data: &[u8]) -> [u8; 32] {
 fn resume_continues_bit_identically() {
     let scratch = tmp("resume");
     let dir = scratch.path();
-    let d = dataset(&dir, 30_000, 300);
+    let d = dataset(dir, 30_000, 300);
     let run = |out: &str, steps: u64, ckpt_every: u64| {
         let mut t = Trainer::new(
             spec(300, 32),
@@ -224,7 +224,7 @@ fn resume_continues_bit_identically() {
 fn corrupt_or_mismatched_checkpoints_are_rejected_whole() {
     let scratch = tmp("corrupt");
     let dir = scratch.path();
-    let d = dataset(&dir, 20_000, 300);
+    let d = dataset(dir, 20_000, 300);
     let mut t = Trainer::new(spec(300, 32), cfg(1), &d, &dir.join("run")).unwrap();
     t.train_step().unwrap();
     let ck = checkpoint::resolve(&dir.join("run")).unwrap();
@@ -247,7 +247,7 @@ fn corrupt_or_mismatched_checkpoints_are_rejected_whole() {
         e.0.contains("corrupt checkpoint") && e.0.contains("does the model match"),
         "{e}"
     );
-    assert!(checkpoint::resolve(&dir).is_err(), "a folder with no checkpoint");
+    assert!(checkpoint::resolve(dir).is_err(), "a folder with no checkpoint");
 }
 
 #[test]
@@ -268,7 +268,7 @@ fn bad_data_is_a_clear_error() {
         .err()
         .unwrap();
     assert!(e.0.contains("fewer than one sequence"), "{e}");
-    let d = dataset(&dir, 20_000, 300);
+    let d = dataset(dir, 20_000, 300);
     let e = Trainer::new(spec(100, 32), cfg(1), &d, &dir.join("run")).err().unwrap();
     assert!(e.0.contains("tokens but model t has vocab 100"), "{e}");
     let e = Trainer::new(
@@ -297,7 +297,7 @@ fn bad_data_is_a_clear_error() {
 fn nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint() {
     let scratch = tmp("nan");
     let dir = scratch.path();
-    let d = dataset(&dir, 20_000, 300);
+    let d = dataset(dir, 20_000, 300);
     let run = dir.join("run");
     let mut t = Trainer::new(
         spec(300, 32),
@@ -330,7 +330,7 @@ fn nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint() {
 fn a_loss_far_above_its_minimum_stops_before_the_update() {
     let scratch = tmp("diverge");
     let dir = scratch.path();
-    let d = dataset(&dir, 20_000, 300);
+    let d = dataset(dir, 20_000, 300);
     let mut t = Trainer::new(spec(300, 32), cfg(8), &d, &dir.join("run")).unwrap();
     t.train_step().unwrap();
     // weights blown up by 1e3: logits of ~1e5, a loss far above 3 × the first
@@ -347,7 +347,7 @@ fn a_loss_far_above_its_minimum_stops_before_the_update() {
 fn validation_loss_falls_below_the_unigram_entropy() {
     let scratch = tmp("learn");
     let dir = scratch.path();
-    let d = dataset(&dir, 60_000, 400);
+    let d = dataset(dir, 60_000, 400);
     let mut t = Trainer::new(
         spec(400, 32),
         TrainConfig {

@@ -245,7 +245,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
     let cfg = ParallelConfig::new(2, 4, 8, 1, 64);
     let t = Duration::from_secs(5);
     let good = script(
-        &dir,
+        dir,
         "good.sh",
         r#"echo "starting tp=$1 pp=$2"; echo '{"tokens_per_s": 1234.5}'"#,
     );
@@ -259,7 +259,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
     assert_eq!(e.render(&cfg, 0), format!("{good} 2 4"));
     assert_eq!(e.evaluate(&cfg, 0), Outcome::Ok { value: 1234.5 });
     let mds = script(
-        &dir,
+        dir,
         "mds.sh",
         "echo 'iteration 10 | TFLOPs: 69.2 |'; echo 'iteration 20 | TFLOPs: 71.5 |'",
     );
@@ -268,7 +268,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
         CommandEval::new(&mds, 8, t, re).unwrap().evaluate(&cfg, 0),
         Outcome::Ok { value: 71.5 }
     );
-    let fail = script(&dir, "fail.sh", "echo boom >&2; exit 3");
+    let fail = script(dir, "fail.sh", "echo boom >&2; exit 3");
     let out = CommandEval::new(&fail, 8, t, Metric::JsonKey("x".into()))
         .unwrap()
         .evaluate(&cfg, 0);
@@ -277,7 +277,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
         "{out:?}"
     );
     let oom = script(
-        &dir,
+        dir,
         "oom.sh",
         "echo 'RuntimeError: HIP out of memory. Tried to allocate' >&2; exit 1",
     );
@@ -287,7 +287,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
             .evaluate(&cfg, 0),
         Outcome::OutOfMemory { .. }
     ));
-    let silent = script(&dir, "silent.sh", "echo no numbers here");
+    let silent = script(dir, "silent.sh", "echo no numbers here");
     let out = CommandEval::new(&silent, 8, t, Metric::JsonKey("tokens_per_s".into()))
         .unwrap()
         .evaluate(&cfg, 0);
@@ -295,7 +295,7 @@ fn command_evaluator_reads_numbers_and_survives_bad_trials() {
         matches!(&out, Outcome::Failed { message } if message.contains("no JSON line")),
         "{out:?}"
     );
-    let hang = script(&dir, "hang.sh", "sleep 30; echo '{\"tokens_per_s\": 1}'");
+    let hang = script(dir, "hang.sh", "sleep 30; echo '{\"tokens_per_s\": 1}'");
     let start = std::time::Instant::now();
     let out = CommandEval::new(
         &hang,
@@ -414,7 +414,7 @@ fn the_throughput_may_come_from_a_file_the_trial_writes() {
     let tmp = scratch("jsonfile");
     let dir = tmp.path();
     let cfg = ParallelConfig::new(2, 1, 4, 1, 8);
-    let writer = script(&dir, "w.sh", r#"echo "{\"measured\": {\"tps\": $2}}" > "$1""#);
+    let writer = script(dir, "w.sh", r#"echo "{\"measured\": {\"tps\": $2}}" > "$1""#);
     let report = format!("{}/r{{trial}}-{{tp}}.json", dir.display());
     let metric = |p: &str| Metric::JsonFile {
         path: report.clone(),
