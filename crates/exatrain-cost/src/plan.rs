@@ -10,20 +10,20 @@ use crate::{flops, memory};
 /// The trainer's default bucket, `train --bucket-mb 25` in fp32 elements (PyTorch DDP's 25 MB).
 const TRAINER_BUCKET_PARAMS: f64 = 25e6 / 4.0;
 
-/// The share of a stage's `params` whose reduction the trainer can start only when backward
-/// ends. It cuts its buckets at block boundaries from the last block back, each once it holds
-/// at least `bucket` parameters (a block never starts a cut of its own: the first block stays
-/// with whatever follows it), and keeps the embedding table apart; so the first blocks' bucket
-/// and the embedding's are ready only at the end, and every full bucket before them is
-/// reduced while backward goes on.
-fn trainer_tail(blocks: u32, block_params: f64, params: f64, bucket: f64) -> f64 {
+/// The trainer's buckets of a stage's `params`: the share whose reduction it can start only
+/// when backward ends, and how many buckets there are. It cuts its buckets at block boundaries
+/// from the last block back, each once it holds at least `bucket` parameters (a block never
+/// starts a cut of its own: the first block stays with whatever follows it), and keeps the
+/// embedding table apart; so the first blocks' bucket and the embedding's are ready only at
+/// the end, and every full bucket before them is reduced while backward goes on.
+fn trainer_buckets(blocks: u32, block_params: f64, params: f64, bucket: f64) -> (f64, f64) {
     if !(params > 0.0 && block_params > 0.0 && bucket.is_finite()) {
-        return 1.0;
+        return (1.0, 1.0);
     }
     // blocks per bucket, and the full buckets cut off the end
     let per = (bucket / block_params).ceil().max(1.0);
     let cut = ((blocks.saturating_sub(1) as f64) / per).floor();
-    (1.0 - cut * per * block_params / params).clamp(0.0, 1.0)
+    ((1.0 - cut * per * block_params / params).clamp(0.0, 1.0), cut + 2.0)
 }
 
 /// Bytes held by one device at its peak (the pipeline stage that holds the most).
@@ -312,17 +312,22 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     // step ends). The trainer (no framework) cuts its buckets at block boundaries, keeps the
     // embedding table in a bucket of its own, and gathers the updated parameters after the
     // optimizer step, with nothing left to hide behind.
+    // Each bucket is a collective of its own, so many small ones pay many latencies.
     let block_p = memory::block_params(m, p);
-    let tail = match (c.stack.framework, red.buckets) {
+    let (tail, buckets) = match (c.stack.framework, red.buckets) {
         (None, _) => {
             let bucket = match p.dp_bucket {
                 None => TRAINER_BUCKET_PARAMS,
                 Some(0) => f64::INFINITY,
                 Some(b) => b as f64,
             };
-            trainer_tail(st.max(), block_p, params_dev, bucket)
+            trainer_buckets(st.max(), block_p, params_dev, bucket)
         }
-        (Some(_), GradBuckets::Params(bucket)) => (bucket / params_dev).min(1.0),
+        // one bucket when the reduction waits for backward (Megatron-LM without the overlap)
+        (Some(_), _) if !red.overlapped => (1.0, 1.0),
+        (Some(_), GradBuckets::Params(bucket)) => {
+            ((bucket / params_dev).min(1.0), (params_dev / bucket).ceil().max(1.0))
+        }
         (Some(_), GradBuckets::Units) => {
             // the busiest stage's first block, and the embedding where that stage holds it
             let holds_embedding = pp == 1 || first_p >= last_p.max(mid_p);
@@ -332,9 +337,13 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
                 } else {
                     0.0
                 };
-            (left / params_dev).min(1.0)
+            // a unit per block, the embedding's and the head's
+            ((left / params_dev).min(1.0), st.max() as f64 + 2.0)
         }
     };
+    // a reduction (or gather) of `bytes` over the data-parallel group, run bucket by bucket
+    let bucketed =
+        |collective: fn(f64, u32, comm::Link) -> f64, bytes: f64| buckets * collective(bytes / buckets, dp, dp_link);
     let hide = |t: f64, window: f64| {
         if red.overlapped {
             (t - window).max(t * tail)
@@ -354,23 +363,23 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     };
     let (dp_comm, dp_bytes) = match p.zero {
         0 => (
-            hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb),
+            hide(bucketed(comm::all_reduce, grad_bytes), bwd_mb),
             2.0 * ring_bytes(grad_bytes),
         ),
         1 if red.all_reduce => (
             // DeepSpeed's BF16_Optimizer: the whole fp32 sum on every rank, then the gather
-            hide(comm::all_reduce(grad_bytes, dp, dp_link), bwd_mb)
-                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            hide(bucketed(comm::all_reduce, grad_bytes), bwd_mb)
+                + hide_gather(bucketed(comm::all_gather, weight_bytes), fwd_mb),
             2.0 * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         1 => (
-            hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            hide(bucketed(comm::reduce_scatter, grad_bytes), bwd_mb)
+                + hide_gather(bucketed(comm::all_gather, weight_bytes), fwd_mb),
             ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         2 => (
-            mbf * hide(comm::reduce_scatter(grad_bytes, dp, dp_link), bwd_mb)
-                + hide_gather(comm::all_gather(weight_bytes, dp, dp_link), fwd_mb),
+            mbf * hide(bucketed(comm::reduce_scatter, grad_bytes), bwd_mb)
+                + hide_gather(bucketed(comm::all_gather, weight_bytes), fwd_mb),
             mbf * ring_bytes(grad_bytes) + ring_bytes(weight_bytes),
         ),
         _ => {

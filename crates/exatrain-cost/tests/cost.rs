@@ -607,11 +607,15 @@ fn overlaps_expose_what_the_frameworks_cannot_hide() {
 /// 1 M·dp)) parameters, DeepSpeed's of 5e8, torchtitan's FSDP2 units of the first block and
 /// the embedding, or the trainer's buckets cut at block boundaries from the last block back
 /// with the embedding apart; the trainer's ZeRO-1 parameter gather (after the optimizer step)
-/// hides behind nothing.
+/// hides behind nothing. Each bucket is a collective of its own, with its own latencies.
 #[test]
 fn the_dp_bucket_sets_the_exposed_tail_as_each_stack_cuts_its_buckets() {
     let m = gpt(24, 1024, 16, 1024, 32000);
-    let megatron = presets::cluster("dgx-h100").unwrap();
+    let with_latency = presets::cluster("dgx-h100").unwrap();
+    // without latency, bucketing costs nothing by itself and the shares are exact
+    let mut megatron = with_latency.clone();
+    megatron.network.intra_latency_us = 0.0;
+    megatron.network.inter_latency_us = 0.0;
     let trainer = megatron.for_trainer();
     // dp 8 in one node: the reduction is shorter than one microbatch's backward, so what stays
     // exposed is the tail alone
@@ -672,6 +676,11 @@ fn the_dp_bucket_sets_the_exposed_tail_as_each_stack_cuts_its_buckets() {
         close(whole - exposed, whole / 2.0 * (1.0 - 20e6 / params), 1e-9),
         "{exposed} of {whole}"
     );
+    // with latency, buckets of a thousand parameters pay a ring's latencies each: far more
+    // than the default's last bucket, and than no overlap at all
+    let tiny = at(&with_latency, 0, true, Some(1000));
+    assert!(tiny > 10.0 * at(&with_latency, 0, true, None), "{tiny}");
+    assert!(tiny > at(&with_latency, 0, false, None), "{tiny}");
 }
 
 /// The software stack's efficiency is apart from the hardware: fitting it (or setting it) slows
