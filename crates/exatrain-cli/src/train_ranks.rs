@@ -142,7 +142,6 @@ fn run_rank<B: Backend<R = f32> + Clone>(
     };
     let opts = Options {
         schedule: run.layout.schedule.parse()?,
-        bucket_elems: bucket_elems(run.layout.bucket_mb)?,
         start: run.resumed.as_ref().map(|r| r.start.clone()),
         on_checkpoint: if checkpoints { Some(&save) } else { None },
         on_step: Some(&print),

@@ -7,9 +7,6 @@ use crate::comm::{self, group_link};
 use crate::compute::{self, Device};
 use crate::{flops, memory};
 
-/// The trainer's default bucket, `train --bucket-mb 25` in fp32 elements (PyTorch DDP's 25 MB).
-const TRAINER_BUCKET_PARAMS: f64 = 25e6 / 4.0;
-
 /// The trainer's buckets of a stage's `params`: the share whose reduction it can start only
 /// when backward ends, and how many buckets there are. It cuts its buckets at block boundaries
 /// from the last block back, each once it holds at least `bucket` parameters (a block never
@@ -316,10 +313,9 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     let block_p = memory::block_params(m, p);
     let (tail, buckets) = match (c.stack.framework, red.buckets) {
         (None, _) => {
-            let bucket = match p.dp_bucket {
-                None => TRAINER_BUCKET_PARAMS,
-                Some(0) => f64::INFINITY,
-                Some(b) => b as f64,
+            let bucket = match p.trainer_bucket() {
+                0 => f64::INFINITY,
+                b => b as f64,
             };
             trainer_buckets(st.max(), block_p, params_dev, bucket)
         }

@@ -74,6 +74,10 @@ fn run_buckets(
     data: &Path,
 ) -> Vec<Result<RankResult, String>> {
     let c = cfg(pc.micro_batch as usize, pc.global_batch as usize);
+    let pc = &ParallelConfig {
+        dp_bucket: Some(bucket_elems as u64),
+        ..*pc
+    };
     let ranks = in_process(pc.gpus() as usize, Duration::from_secs(20));
     std::thread::scope(|s| {
         let hs: Vec<_> = ranks
@@ -83,7 +87,6 @@ fn run_buckets(
                 s.spawn(move || {
                     let opts = Options {
                         schedule: sched,
-                        bucket_elems,
                         ..Default::default()
                     };
                     parallel::train(&spec(), &c, pc, &opts, data, &comm).map_err(|e| e.0)

@@ -111,7 +111,10 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
             };
             let mut model = Model::init(be.clone(), shape, &part, cfg.seed);
             model.prepare(cfg.micro_batch, shape.max_seq / cp, slots[c]);
-            let regions = Regions::new(&model.layout, dpc, opts.bucket_elems);
+            // buckets of `ParallelConfig::trainer_bucket` elements, cut at block boundaries; with
+            // `overlap_dp` a bucket's reduction starts as soon as its last gradient is final
+            let bucket = usize::try_from(pc.trainer_bucket()).unwrap_or(usize::MAX);
+            let regions = Regions::new(&model.layout, dpc, bucket);
             let decayed = model.layout.decayed();
             let pieces: Vec<Range<usize>> = if zero == 0 {
                 vec![0..model.layout.total]

@@ -90,10 +90,6 @@ pub struct StepLine {
 #[derive(Default)]
 pub struct Options<'a> {
     pub schedule: Schedule,
-    /// Data-parallel gradient buckets hold at least this many elements, cut at block boundaries
-    /// (0: one bucket per chunk besides the embedding). With `overlap_dp` a bucket's reduction
-    /// starts as soon as its last gradient is final, while backward goes on.
-    pub bucket_elems: usize,
     /// resume from this state (its `step` is the first step to run)
     pub start: Option<Start>,
     /// called on world rank 0 with the whole state every `ckpt_every` steps and after the last
