@@ -23,4 +23,4 @@ pub mod flops;
 pub mod memory;
 mod plan;
 
-pub use plan::{plan, Memory, Plan, Times};
+pub use plan::{plan, trainer_buckets, Memory, Plan, Times};

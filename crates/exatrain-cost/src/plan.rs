@@ -9,18 +9,34 @@ use crate::{flops, memory};
 
 /// The trainer's buckets of a stage's `params`: the share whose reduction it can start only
 /// when backward ends, and how many buckets there are. It cuts its buckets at block boundaries
-/// from the last block back, each once it holds at least `bucket` parameters (a block never
-/// starts a cut of its own: the first block stays with whatever follows it), and keeps the
-/// embedding table apart; so the first blocks' bucket and the embedding's are ready only at
-/// the end, and every full bucket before them is reduced while backward goes on.
-fn trainer_buckets(blocks: u32, block_params: f64, params: f64, bucket: f64) -> (f64, f64) {
-    if !(params > 0.0 && block_params > 0.0 && bucket.is_finite()) {
-        return (1.0, 1.0);
+/// from the last block back, each once it holds at least `bucket` parameters (the last one
+/// counts the `trailing` final norm after the blocks; a block never starts a cut of its own:
+/// the first block stays with whatever follows it), and keeps the vocabulary table (`table`:
+/// the stage holds the embedding or the head) in a bucket of its own; so the first blocks'
+/// bucket and the table's are ready only at the end, and every full bucket before them is
+/// reduced while backward goes on. `bucket` infinite: one bucket, and the table's. The
+/// trainer's `Regions::new` cuts its buffers by this rule (a test there checks the two agree).
+pub fn trainer_buckets(
+    blocks: u32,
+    block_params: f64,
+    trailing: f64,
+    params: f64,
+    bucket: f64,
+    table: bool,
+) -> (f64, f64) {
+    let table = if table { 1.0 } else { 0.0 };
+    if !(params > 0.0 && bucket.is_finite()) {
+        return (1.0, 1.0 + table);
     }
-    // blocks per bucket, and the full buckets cut off the end
-    let per = (bucket / block_params).ceil().max(1.0);
-    let cut = ((blocks.saturating_sub(1) as f64) / per).floor();
-    ((1.0 - cut * per * block_params / params).clamp(0.0, 1.0), cut + 2.0)
+    // walk back over the blocks after the first, as the trainer cuts
+    let (mut since, mut cut, mut cuts) = (trailing, 0.0, 0.0);
+    for _ in 1..blocks {
+        since += block_params;
+        if since >= bucket {
+            (cut, cuts, since) = (cut + since, cuts + 1.0, 0.0);
+        }
+    }
+    ((1.0 - cut / params).clamp(0.0, 1.0), cuts + 1.0 + table)
 }
 
 /// Bytes held by one device at its peak (the pipeline stage that holds the most).
@@ -317,7 +333,12 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
                 0 => f64::INFINITY,
                 b => b as f64,
             };
-            trainer_buckets(st.max(), block_p, params_dev, bucket)
+            // the busiest stage holds the vocabulary table unless it is an inner one, and the
+            // final norm after its blocks if it is the last
+            let table = pp == 1 || first_p.max(last_p) >= mid_p;
+            let head = pp == 1 || last_p >= first_p.max(mid_p);
+            let trailing = if head { m.norm_params() as f64 } else { 0.0 };
+            trainer_buckets(st.max(), block_p, trailing, params_dev, bucket, table)
         }
         // one bucket when the reduction waits for backward (Megatron-LM without the overlap)
         (Some(_), _) if !red.overlapped => (1.0, 1.0),

@@ -225,3 +225,75 @@ pub(super) fn finish<B: Backend<R = f32>>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Regions;
+    use crate::model::{GptShape, ParamLayout, Part};
+    use exatrain_spec::{presets, ParallelConfig};
+
+    /// The planner prices the trainer's data-parallel buckets by counting what this cut rule
+    /// makes (`exatrain_cost::trainer_buckets`): for every stage of a few layouts and bucket
+    /// sizes, the buckets here are as many as it counts, and the share reduced only when
+    /// backward ends (the vocabulary table's bucket and the first blocks') is the share it
+    /// prices, over the parameters it counts for the stage (which are the buffer's).
+    #[test]
+    fn the_planner_counts_the_buckets_and_the_exposed_share_this_cut_rule_makes() {
+        let m = presets::model("bench").expect("preset");
+        let shape = GptShape::from_spec(&m).expect("GPT-2 shape");
+        for (tp, pp) in [(1, 1), (2, 1), (1, 2), (2, 3), (1, 6)] {
+            let p = ParallelConfig::new(tp, pp, 1, 1, 1);
+            let st = p.stage_layers(&m).expect("stages");
+            let (first_p, mid_p, last_p) = exatrain_cost::memory::stage_params(&m, &p, &st);
+            let block_p = exatrain_cost::memory::block_params(&m, &p);
+            for s in 0..pp {
+                let layers = st.range(s);
+                let part = Part {
+                    layers: layers.start as usize..layers.end as usize,
+                    embed: s == 0,
+                    head: s == pp - 1,
+                    tp: tp as usize,
+                    ..Part::whole(&shape)
+                };
+                let layout = ParamLayout::of_part(&shape, &part);
+                let params = match s {
+                    0 => first_p,
+                    s if s == pp - 1 => last_p,
+                    _ => mid_p,
+                };
+                assert_eq!(layout.total as f64, params, "tp {tp} pp {pp} stage {s}: parameters");
+                let block_len = layout.blocks[0].fcprojb.end - layout.blocks[0].ln1w.start;
+                assert_eq!(block_len as f64, block_p, "tp {tp} pp {pp} stage {s}: block");
+                let table = part.embed || part.head;
+                let blocks = layers.len() as u32;
+                let norm = layout.lnfw.len() + layout.lnfb.len();
+                for bucket in [
+                    0,
+                    1,
+                    block_len - 1,
+                    block_len,
+                    block_len + 1,
+                    block_len + norm + 1,
+                    3 * block_len,
+                    layout.total,
+                ] {
+                    let regions = Regions::new(&layout, 2, bucket).regions;
+                    let planned = if bucket == 0 { f64::INFINITY } else { bucket as f64 };
+                    let trailing = (layout.lnfw.len() + layout.lnfb.len()) as f64;
+                    let (tail, count) =
+                        exatrain_cost::trainer_buckets(blocks, block_p, trailing, params, planned, table);
+                    let what = format!("tp {tp} pp {pp} stage {s} bucket {bucket}");
+                    assert_eq!(regions.len() as f64, count, "{what}: buckets");
+                    // the table's region (first in the buffer) and the first blocks' are last
+                    let last_ready = if table { 2 } else { 1 };
+                    let exposed: usize = regions.iter().take(last_ready).map(|(r, _)| r.len()).sum();
+                    let want = exposed as f64 / layout.total as f64;
+                    assert!(
+                        (tail - want).abs() <= 1e-12,
+                        "{what}: exposed share planned {tail}, cut {want}"
+                    );
+                }
+            }
+        }
+    }
+}
