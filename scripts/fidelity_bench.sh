@@ -8,8 +8,9 @@
 #   3. the trainer on 12 other layouts and `exatrain fidelity --cluster` on them: predicted vs
 #      measured per term, with the summary table; then 3 layouts with flash attention and
 #      context parallelism, compared apart.
-# Data-parallel runs use --no-overlap-dp but one: a CPU rank has no spare engine to reduce
-# while it computes, so the planner's overlap (a GPU's) does not happen here (t12 shows it).
+# Data-parallel runs use --no-overlap-dp but one (t12), as they always have, so the runs stay
+# comparable across sessions; the trainer tests its started reductions (MPI_Test) at every block
+# boundary, so t12's reduce-scatter progresses during backward here too.
 # Usage: scripts/fidelity_bench.sh [OUT_DIR]   (about 5 minutes on 2 cores; needs Open MPI)
 set -euo pipefail
 cd "$(dirname "$0")/.."

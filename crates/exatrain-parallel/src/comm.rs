@@ -68,6 +68,10 @@ pub trait Communicator {
 /// Completes a collective that an implementation started (e.g. an MPI request).
 pub trait Finish {
     fn finish(self: Box<Self>) -> Result<Vec<f32>, CommError>;
+    /// Let the collective progress without waiting for it (MPI_Test): a library that moves
+    /// data only inside its calls (Open MPI's shared memory and rendezvous protocols) advances
+    /// a started collective only when the rank calls into it. The default does nothing.
+    fn poke(&mut self) {}
 }
 
 /// A collective in flight; `wait` blocks until it is done and gives its result.
@@ -89,6 +93,13 @@ impl Started {
     /// One that `f` completes.
     pub fn with(f: Box<dyn Finish>) -> Started {
         Started(Inner::Other(f))
+    }
+
+    /// Let it progress while the caller computes (see [`Finish::poke`]); never blocks.
+    pub fn poke(&mut self) {
+        if let Inner::Other(f) = &mut self.0 {
+            f.poke();
+        }
     }
 
     pub fn wait(self) -> Result<Vec<f32>, CommError> {

@@ -72,30 +72,49 @@ fn start_watchdog(timeout: Duration) {
 }
 
 /// A non-blocking collective (MPI_Iallreduce, MPI_Ireduce_scatter_block) in flight, with the
-/// leaked buffers it reads and writes until it completes.
+/// leaked buffers it reads and writes until it completes; its result once a poke saw it done.
 struct MpiStarted {
     request: Option<Request<'static, [f32], StaticScope>>,
     send: *mut [f32],
     recv: *mut [f32],
+    result: Option<Vec<f32>>,
 }
 
 impl MpiStarted {
-    fn complete(&mut self) -> Option<Vec<f32>> {
-        let request = self.request.take()?;
-        let _w = Watch::enter("waiting for a non-blocking collective");
-        request.wait();
-        // SAFETY: the request is complete, so MPI no longer touches the two buffers, which
-        // were leaked from Boxes in `start` and are reclaimed exactly once (request taken).
+    /// Free the send buffer and take the result. SAFETY: only once the request is complete
+    /// (MPI no longer touches the two buffers, which were leaked from Boxes in `start`), and
+    /// only once (the request was taken).
+    unsafe fn reclaim(&mut self) -> Vec<f32> {
         unsafe {
             drop(Box::from_raw(self.send));
-            Some(Box::from_raw(self.recv).into_vec())
+            Box::from_raw(self.recv).into_vec()
         }
+    }
+
+    fn complete(&mut self) -> Option<Vec<f32>> {
+        let Some(request) = self.request.take() else {
+            return self.result.take();
+        };
+        let _w = Watch::enter("waiting for a non-blocking collective");
+        request.wait();
+        // SAFETY: the request is complete and was taken.
+        Some(unsafe { self.reclaim() })
     }
 }
 
 impl Finish for MpiStarted {
     fn finish(mut self: Box<Self>) -> Result<Vec<f32>, CommError> {
         Ok(self.complete().expect("completed once"))
+    }
+
+    fn poke(&mut self) {
+        if let Some(request) = self.request.take() {
+            match request.test() {
+                // SAFETY: the request is complete and was taken.
+                Ok(_) => self.result = Some(unsafe { self.reclaim() }),
+                Err(request) => self.request = Some(request),
+            }
+        }
     }
 }
 
@@ -173,6 +192,7 @@ impl Mpi {
             request: Some(request),
             send,
             recv,
+            result: None,
         })))
     }
 

@@ -230,6 +230,7 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
         // data-parallel reductions in flight: (chunk, bucket, collective)
         let mut pending: Vec<(usize, usize, Started)> = Vec::new();
         for (si, st) in steps.iter().enumerate() {
+            pending.iter_mut().for_each(|p| p.2.poke());
             let ci = st.chunk as usize;
             let ch = &mut chunks[ci];
             let s = ch.stage;
@@ -299,11 +300,15 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                     let reduce = (zero == 2 || si == last_backward[ci]) && (dpc > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
                     let mut next = regions.regions.len(); // buckets ≥ next are started
+                                                          // called as each block's gradients are final: start the buckets now
+                                                          // complete, and let those in flight progress (an MPI library moves their
+                                                          // data only inside its calls)
                     let mut start = |be: &B, g: &B::Buf, from: usize| -> Result<(), CommError> {
                         while reduce && next > 0 && regions.regions[next - 1].0.start >= from {
                             next -= 1;
                             pending.push((ci, next, start_bucket(be, regions, next, g, zero, &dpm)?));
                         }
+                        pending.iter_mut().for_each(|p| p.2.poke());
                         Ok(())
                     };
                     let t0 = Instant::now();
