@@ -29,11 +29,15 @@ pub struct SourceRow {
     pub zero_shot_fitted_to: usize,
     pub zero_shot_compute_factor: f64,
     pub zero_shot_errors: Vec<f64>,
+    /// the run of each zero-shot error: the source's runs, in the file's order
+    pub zero_shot_runs: Vec<String>,
     /// the run the one-shot factor was fitted to
     pub one_shot_run: String,
     pub one_shot_compute_factor: f64,
     /// errors on the source's other runs (empty when it has one run)
     pub one_shot_errors: Vec<f64>,
+    /// the run of each one-shot error
+    pub one_shot_runs: Vec<String>,
 }
 
 fn scaled(base: &ClusterSpec, x: f64) -> ClusterSpec {
@@ -132,9 +136,11 @@ pub fn per_source(cases: &[Case], sources: &[String]) -> Result<Vec<SourceRow>, 
             zero_shot_fitted_to: others.len(),
             zero_shot_compute_factor: zero,
             zero_shot_errors,
+            zero_shot_runs: mine.iter().map(|c| c.model.name.clone()).collect(),
             one_shot_run: smallest.model.name.clone(),
             one_shot_compute_factor: one,
             one_shot_errors: errors(&rest, &scaled(&base, one))?,
+            one_shot_runs: rest.iter().map(|c| c.model.name.clone()).collect(),
         });
     }
     Ok(rows)
@@ -236,18 +242,27 @@ pub fn print(rows: &[SourceRow]) {
             100.0 * m0,
             100.0 * x0
         );
-        all0.extend(&r.zero_shot_errors);
-        all1.extend(&r.one_shot_errors);
+        all0.extend(r.zero_shot_errors.iter().zip(&r.zero_shot_runs));
+        all1.extend(r.one_shot_errors.iter().zip(&r.one_shot_runs));
     }
-    let (m0, x0) = med_max(&all0);
-    let (m1, x1) = med_max(&all1);
+    // the median and the largest |error| of a list, with the largest's run
+    let summary = |all: &[(&f64, &String)]| {
+        let errors: Vec<f64> = all.iter().map(|(e, _)| **e).collect();
+        let (m, x) = med_max(&errors);
+        let worst = all
+            .iter()
+            .max_by(|a, b| a.0.abs().total_cmp(&b.0.abs()))
+            .map_or(String::new(), |(_, run)| format!(", {run}"));
+        format!(
+            "median |error| {:.1} %, max {:.1} % ({} runs{worst})",
+            100.0 * m,
+            100.0 * x,
+            all.len()
+        )
+    };
     println!(
-        "\nall sources: zero-shot median |error| {:.1} %, max {:.1} % ({} runs); one-shot median {:.1} %, max {:.1} % ({} runs)",
-        100.0 * m0,
-        100.0 * x0,
-        all0.len(),
-        100.0 * m1,
-        100.0 * x1,
-        all1.len()
+        "\nall sources: zero-shot {}; one-shot {}",
+        summary(&all0),
+        summary(&all1)
     );
 }

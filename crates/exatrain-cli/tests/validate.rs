@@ -49,6 +49,25 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
         assert_eq!(r["one_shot_errors"].as_array().unwrap().len(), n - 1);
         let fitted = r["one_shot_run"].as_str().unwrap();
         assert!(runs.iter().any(|x| x["name"] == fitted), "{fitted} is not a run");
+        // each error names its run: the source's runs in the file's order, and for one-shot
+        // the same without the one it was fitted to
+        let named = |key: &str| -> Vec<String> {
+            r[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_string())
+                .collect()
+        };
+        let (zero_runs, one_runs) = (named("zero_shot_runs"), named("one_shot_runs"));
+        let in_file: Vec<String> = runs
+            .iter()
+            .map(|x| x["name"].as_str().unwrap().to_string())
+            .filter(|x| zero_runs.contains(x))
+            .collect();
+        assert_eq!(zero_runs, in_file, "{}", r["source"]);
+        let without: Vec<String> = zero_runs.iter().filter(|x| *x != fitted).cloned().collect();
+        assert_eq!(one_runs, without, "{}", r["source"]);
         // leave-one-source-out over every device (the presets' GEMM curves are the hardware's,
         // the fitted factor the stack's): the H100 and V100 sources borrow from the A100 ones
         // instead of keeping the preset; only runs of the same framework count
@@ -98,6 +117,35 @@ fn validate_per_source_reports_zero_shot_and_one_shot_errors() {
     let smith = rows.iter().find(|r| r["source"] == "smith2022").unwrap();
     assert_eq!(bloom["zero_shot_fitted_to"], smith["runs"]);
     assert_eq!(smith["zero_shot_fitted_to"], bloom["runs"]);
+    // the table's last line names the run of the largest zero-shot and one-shot error
+    let largest = |errors: &str, names: &str| {
+        rows.iter()
+            .flat_map(|r| {
+                let e = r[errors].as_array().unwrap().iter().map(|x| x.as_f64().unwrap().abs());
+                e.zip(
+                    r[names]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_str().unwrap().to_string()),
+                )
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap()
+    };
+    let out = exatrain(&["validate", "--per-source"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().find(|l| l.starts_with("all sources:")).unwrap();
+    let (zero, one) = last.split_once("; one-shot").unwrap();
+    for ((e, run), half) in [
+        (largest("zero_shot_errors", "zero_shot_runs"), zero),
+        (largest("one_shot_errors", "one_shot_runs"), one),
+    ] {
+        assert!(
+            half.contains(&format!("max {:.1} %", 100.0 * e)) && half.contains(&format!(", {run})")),
+            "{last}"
+        );
+    }
 }
 
 #[test]
