@@ -436,7 +436,14 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
         dp_comm
     };
     let opt_params = if p.zero >= 1 { params_dev / dpf } else { params_dev };
-    let optimizer = d.stream(opt_params * (28.0 + e));
+    // Adam's update of the parameters this rank updates, and the framework's passes around it
+    // (the gradient norm, the copy into the training-dtype weights, the zeroed gradient buffer);
+    // the trainer (no framework) is priced by its update alone
+    let (per_updated, per_held) = c
+        .stack
+        .framework
+        .map_or((0.0, 0.0), |f| f.optimizer_pass_bytes(p, &c.stack));
+    let optimizer = d.stream(opt_params * (28.0 + e + per_updated) + params_dev * per_held);
 
     let time_s = Times {
         compute: mbf * stage_c,

@@ -852,3 +852,40 @@ fn deepspeed_reduces_fp32_gradients_after_the_flush() {
     .unwrap();
     assert!(on.time_s.dp_comm < off.time_s.dp_comm);
 }
+
+/// The optimizer step moves what each stack's code moves: Adam's update of the parameters a
+/// rank updates (28 + e bytes each), plus Megatron-LM's and Megatron-DeepSpeed's gradient norm
+/// and fp32-to-model copy (8 more per updated parameter) and their zeroed gradient buffer (the
+/// stored gradient's bytes per held parameter), or torchtitan's norm alone (4); the trainer is
+/// priced by its update.
+#[test]
+fn the_optimizer_step_moves_each_stacks_passes() {
+    let m = gpt(8, 1024, 16, 1024, 32000);
+    let selene = presets::cluster("selene").unwrap();
+    let params = m.params() as f64;
+    let bw = selene.device.hbm_gbps * 1e9 * selene.device.memory_efficiency;
+    for (zero, dp) in [(0u8, 1u32), (1, 8)] {
+        let cfg = ParallelConfig {
+            zero,
+            ..ParallelConfig::new(1, 1, dp, 1, dp)
+        };
+        let updated = if zero >= 1 { params / dp as f64 } else { params };
+        let at = |c: &exatrain_spec::ClusterSpec| plan(&m, c, &cfg).unwrap().time_s.optimizer;
+        let trainer = at(&selene.for_trainer());
+        assert!(close(trainer, updated * 30.0 / bw, 1e-9), "zero {zero}: {trainer}");
+        for (f, per_updated, zeroed) in [
+            (Framework::MegatronLm, 38.0, true),
+            (Framework::MegatronDeepspeed, 38.0, true),
+            (Framework::Torchtitan, 34.0, false),
+        ] {
+            let c = selene.for_framework(f);
+            let store = if zeroed {
+                f.grad_store_bytes(&cfg, &c.stack)
+            } else {
+                0.0
+            };
+            let want = (updated * per_updated + params * store) / bw;
+            assert!(close(at(&c), want, 1e-9), "{f:?} zero {zero}: {} vs {want}", at(&c));
+        }
+    }
+}

@@ -139,6 +139,27 @@ impl Framework {
         }
     }
 
+    /// Bytes the framework's optimizer step moves besides the update itself (Adam's 28 + e per
+    /// parameter it updates: parameter, gradient and both moments read, all but the gradient
+    /// written, and the training-dtype copy written), as (per updated parameter, per held
+    /// parameter):
+    /// - Megatron-LM: the gradient norm (for `--clip-grad`) reads each fp32 main gradient it
+    ///   updates (`get_grad_norm_fp32`, `multi_tensor_l2norm`), the copy of the updated fp32
+    ///   main parameters into the model's reads them (`_copy_main_params_to_model_params`, whose
+    ///   write the e counts), and the whole gradient buffer is zeroed for the next step
+    ///   (`zero_grad_buffer`): 8, and the stored gradient's bytes.
+    /// - Megatron-DeepSpeed (`BF16_Optimizer`): the same passes — the norm of the fp32
+    ///   gradients, `update_lp_params` from the fp32 parameters, `clear_hp_grads`.
+    /// - torchtitan: the norm's read (`clip_grad_norm_`): 4; its optimizer updates the fp32
+    ///   sharded parameters FSDP2 gathers from (no copy), and its `zero_grad` drops the
+    ///   gradients instead of zeroing them.
+    pub fn optimizer_pass_bytes(self, c: &ParallelConfig, stack: &StackSpec) -> (f64, f64) {
+        match self {
+            Framework::MegatronLm | Framework::MegatronDeepspeed => (8.0, self.grad_store_bytes(c, stack)),
+            Framework::Torchtitan => (4.0, 0.0),
+        }
+    }
+
     /// What this framework's selective recomputation redoes in backward, as shares of one
     /// block's forward ([`Recompute::Selective`]; exatrain's exports ask for exactly this).
     /// - Megatron-LM / Megatron-DeepSpeed (`--recompute-granularity selective`): the attention
