@@ -319,12 +319,14 @@ fn memory_gib() -> f64 {
         .map_or(16.0, |kib| kib / 1048576.0)
 }
 
+/// What `calibrate_mpi` gives: the device's calibration, the collectives measured, whether this
+/// is rank 0, and the MPI state to keep alive until the run ends.
+type MpiCalibration = (calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>);
+
 /// Under MPI every rank measures its device at the same time (the share of the machine it gets
 /// when all train at once), then the group's collectives; rank 0's numbers are kept.
 #[cfg(feature = "mpi")]
-fn calibrate_mpi(
-    quick: bool,
-) -> Result<(calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>), SpecError> {
+fn calibrate_mpi(quick: bool) -> Result<MpiCalibration, SpecError> {
     use exatrain_parallel::comm::Communicator;
     let (universe, world) = exatrain_parallel::mpi_comm::Mpi::world(std::time::Duration::from_secs(300))
         .map_err(|e| SpecError::new(e.0))?;
@@ -337,9 +339,7 @@ fn calibrate_mpi(
 }
 
 #[cfg(not(feature = "mpi"))]
-fn calibrate_mpi(
-    _quick: bool,
-) -> Result<(calibrate::Calibration, Vec<CommPoint>, bool, Box<dyn std::any::Any>), SpecError> {
+fn calibrate_mpi(_quick: bool) -> Result<MpiCalibration, SpecError> {
     Err(SpecError::new(
         "--mpi: this exatrain was built without MPI (build with `cargo build --release --features mpi`)",
     ))

@@ -23,7 +23,7 @@ pub(crate) fn row(r: &Ranked, value: Option<f64>) -> serde_json::Value {
 
 pub(crate) fn print_table(rows: &[(Ranked, Option<f64>)]) {
     println!(
-        "{:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  {}",
+        "{:>3} {:>3} {:>3} {:>3} {:>5} {:>4} {:>5} {:>4} {:<9} {:>2} {:>2} {:>5} {:<8} {:>10} {:>9} {:>11} {:>6}  compute/tp/pp/cp/dp/bubble/opt %",
         "#",
         "tp",
         "cp",
@@ -41,7 +41,6 @@ pub(crate) fn print_table(rows: &[(Ranked, Option<f64>)]) {
         "step",
         "tokens/s",
         "MFU",
-        "compute/tp/pp/cp/dp/bubble/opt %"
     );
     for (i, (r, measured)) in rows.iter().enumerate() {
         let (c, p) = (&r.cfg, &r.plan);
@@ -91,8 +90,8 @@ pub(crate) fn exhaustive_cmd(
             "gpus", "evaluated", "feasible", "tokens/s", "MFU"
         );
         for p in &points {
-            match &p.best {
-                Some(r) => println!(
+            if let Some(r) = &p.best {
+                println!(
                     "{:>6} {:>10} {:>8} {:>12.0} {:>5.1}%  tp {} pp {} dp {} mbs {} zero {} {} v {}{}{}",
                     p.gpus,
                     p.evaluated,
@@ -108,8 +107,7 @@ pub(crate) fn exhaustive_cmd(
                     r.cfg.virtual_stages,
                     if r.cfg.sequence_parallel { " sp" } else { "" },
                     if front.contains(&p.gpus) { "  (pareto)" } else { "" }
-                ),
-                None => {}
+                );
             }
         }
         // counts with no layout in one line, with the first one's reason (--json lists each)

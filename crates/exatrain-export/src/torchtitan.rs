@@ -7,9 +7,12 @@ use exatrain_spec::{Framework, ModelSpec, ParallelConfig, Recompute};
 
 use super::{File, Job};
 
-/// torchtitan's registered Llama 3 flavors: (layers, hidden, heads, kv heads, ffn, vocab), the
-/// configuration function that builds it and its `model_registry` flavor.
-const FLAVORS: [((u32, u32, u32, u32, u32, u32), &str, &str); 3] = [
+/// A Llama 3 shape: (layers, hidden, heads, kv heads, ffn, vocab).
+type Dims = (u32, u32, u32, u32, u32, u32);
+
+/// torchtitan's registered Llama 3 flavors: their shape, the configuration function that builds
+/// it and its `model_registry` flavor.
+const FLAVORS: [(Dims, &str, &str); 3] = [
     ((32, 4096, 32, 8, 14336, 128256), "llama3_8b", "8B"),
     ((80, 8192, 64, 8, 28672, 128256), "llama3_70b", "70B"),
     ((126, 16384, 128, 8, 53248, 128256), "llama3_405b", "405B"),

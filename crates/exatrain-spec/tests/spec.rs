@@ -245,7 +245,7 @@ fn rank_grid_round_trips_in_every_order() {
             order,
             ..ParallelConfig::new(2, 3, 4, 1, 12)
         };
-        let mut seen = vec![false; 24];
+        let mut seen = [false; 24];
         for r in 0..24 {
             let (t, d, p) = c.coords(r);
             assert!(t < 2 && d < 4 && p < 3);

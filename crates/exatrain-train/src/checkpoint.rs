@@ -259,8 +259,11 @@ pub fn resolve(path: &Path) -> Result<PathBuf, SpecError> {
     Ok(path.join(name.trim()))
 }
 
+/// Adam's first and second moments, whole-model order.
+pub type Moments = (Vec<f32>, Vec<f32>);
+
 /// Read a checkpoint's state and parameters (and, when asked, the optimizer moments).
-pub fn load(dir: &Path, with_optimizer: bool) -> Result<(State, Vec<f32>, Option<(Vec<f32>, Vec<f32>)>), SpecError> {
+pub fn load(dir: &Path, with_optimizer: bool) -> Result<(State, Vec<f32>, Option<Moments>), SpecError> {
     let sp = dir.join("state.json");
     let text = std::fs::read_to_string(&sp).map_err(|e| err(format!("{}: cannot read: {e}", sp.display())))?;
     let mut state: State =

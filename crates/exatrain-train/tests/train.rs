@@ -93,7 +93,7 @@ fn hf_export_gives_the_logits_transformers_computes() {
     let mut m = Gpt::<f32>::new(shape, 0);
     m.params = params;
     let tokens = hf::fixture_tokens();
-    m.forward(&tokens, &vec![0; 24], 2, 12).unwrap();
+    m.forward(&tokens, &[0; 24], 2, 12).unwrap();
     let want: Vec<f64> = fixture["logits"]
         .as_array()
         .unwrap()

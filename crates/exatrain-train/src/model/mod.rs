@@ -32,6 +32,10 @@ struct Slot {
 /// A GPT-2 model (or one [`Part`] of it) on the host, in `R`.
 pub type Gpt<R> = Model<Cpu<R>>;
 
+/// Called by [`Model::backward_part`] with the backend, the gradients and the first parameter
+/// index whose gradients are complete.
+pub type Ready<'a, B> = dyn FnMut(&B, &<B as Backend>::Buf, usize) -> Result<(), CommError> + 'a;
+
 /// A GPT-2 model (or one [`Part`] of it) with its buffers on backend `B`.
 pub struct Model<B: Backend> {
     pub be: B,
@@ -342,7 +346,7 @@ impl<B: Backend> Model<B> {
         tp: &dyn TpGroup<B::R>,
         dout: Option<&[B::R]>,
         scale: B::R,
-        ready: &mut dyn FnMut(&B, &B::Buf, usize) -> Result<(), CommError>,
+        ready: &mut Ready<'_, B>,
     ) -> Result<(), CommError> {
         let d = Dims::new(&self.shape, &self.layout.part);
         let part = self.layout.part.clone();
