@@ -299,10 +299,11 @@ pub(super) fn run<B: Backend<R = f32> + Clone>(
                     // (one data-parallel rank and ZeRO-0: nothing to reduce)
                     let reduce = (zero == 2 || si == last_backward[ci]) && (dpc > 1 || zero > 0);
                     let (model, regions) = (&mut ch.model, &ch.regions);
-                    let mut next = regions.regions.len(); // buckets ≥ next are started
-                                                          // called as each block's gradients are final: start the buckets now
-                                                          // complete, and let those in flight progress (an MPI library moves their
-                                                          // data only inside its calls)
+                    // buckets ≥ next are started
+                    let mut next = regions.regions.len();
+                    // called as each block's gradients are final: start the buckets now
+                    // complete, and let those in flight progress (an MPI library moves their
+                    // data only inside its calls)
                     let mut start = |be: &B, g: &B::Buf, from: usize| -> Result<(), CommError> {
                         while reduce && next > 0 && regions.regions[next - 1].0.start >= from {
                             next -= 1;
