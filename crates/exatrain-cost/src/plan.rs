@@ -69,7 +69,8 @@ pub struct Times {
     pub cp_comm: f64,
     /// The exposed part of the data-parallel gradient reduction / ZeRO gathers.
     pub dp_comm: f64,
-    /// Pipeline fill and drain: (p - 1)/v microbatch times.
+    /// Pipeline fill and drain: one microbatch through every stage but the slowest, over v
+    /// ((p - 1)/v microbatch times when the stages are equal).
     pub bubble: f64,
     /// The optimizer update (memory-bound).
     pub optimizer: f64,
@@ -291,7 +292,24 @@ pub fn plan(m: &ModelSpec, c: &ClusterSpec, p: &ParallelConfig) -> Result<Plan, 
     } else {
         (0.0, 0.0)
     };
-    let bubble = (pp as f64 - 1.0) / v * (stage_c + stage_tp + stage_cp);
+    // The pipeline's fill and drain: the slowest stage runs every microbatch back to back, and
+    // the first microbatch's way to it and the last one's way back pass through every other
+    // stage once (1F1B: m·t_slowest + Σ_other t_s; interleaved, each chunk 1/v of its stage).
+    // Stages that are lighter than the slowest (the first without the head, inner ones of an
+    // uneven split) make a shorter bubble than (p − 1) slowest-stage times.
+    let bubble = if pp > 1 {
+        let stage = |compute: f64, tp_time: f64, blocks: f64| compute + tp_time + blocks * cp_block;
+        let (first, mid, last) = (
+            stage(first_c, first_tp, b_first),
+            stage(mid_c, b_mid * tp_block, b_mid),
+            stage(last_c, last_tp, b_last),
+        );
+        let all = first + (pp as f64 - 2.0) * mid + last;
+        let slowest = first.max(last).max(if pp > 2 { mid } else { 0.0 });
+        ((all - slowest) / v).max(0.0)
+    } else {
+        0.0
+    };
 
     // --- data parallel and the optimizer
     let params_dev = first_p.max(last_p).max(if pp > 2 { mid_p } else { 0.0 });

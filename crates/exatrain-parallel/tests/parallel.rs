@@ -275,3 +275,88 @@ fn a_started_collective_fails_with_the_abort_message() {
         "noticed the abort, not the timeout"
     );
 }
+
+/// Run a schedule with real durations: every rank takes its steps in order, each starting when
+/// the rank is free and its input exists (as `simulate`, with time), the forward of rank r's
+/// chunk taking `fwd[r] / v` and its backward twice that. Returns the makespan.
+fn timed_makespan(kind: Kind, fwd: &[f64], m: u32) -> f64 {
+    let pp = fwd.len() as u32;
+    let v = match kind {
+        Kind::Interleaved { chunks } => chunks,
+        _ => 1,
+    };
+    let steps = schedule(kind, pp, m);
+    let last = pp * v - 1;
+    let mut done: std::collections::HashMap<(u32, u32, bool), f64> = Default::default();
+    let mut free = vec![0.0f64; pp as usize];
+    let mut pos = vec![0usize; pp as usize];
+    while pos.iter().zip(&steps).any(|(p, s)| *p < s.len()) {
+        let mut moved = false;
+        for r in 0..pp as usize {
+            let Some(st) = steps[r].get(pos[r]) else { continue };
+            let s = st.chunk * pp + r as u32;
+            let forward = st.pass == Pass::Forward;
+            let needs: Vec<(u32, u32, bool)> = if forward {
+                if s == 0 {
+                    vec![]
+                } else {
+                    vec![(st.microbatch, s - 1, true)]
+                }
+            } else if s == last {
+                vec![(st.microbatch, s, true)]
+            } else {
+                vec![(st.microbatch, s, true), (st.microbatch, s + 1, false)]
+            };
+            if needs.iter().all(|k| done.contains_key(k)) {
+                let ready = needs.iter().map(|k| done[k]).fold(free[r], f64::max);
+                let t = fwd[r] / v as f64 * if forward { 1.0 } else { 2.0 };
+                free[r] = ready + t;
+                done.insert((st.microbatch, s, forward), free[r]);
+                pos[r] += 1;
+                moved = true;
+            }
+        }
+        assert!(moved, "{kind:?} deadlocked");
+    }
+    free.iter().cloned().fold(0.0, f64::max)
+}
+
+/// The planner's pipeline bubble (`exatrain_cost::plan`): the slowest stage runs every
+/// microbatch back to back, and the fill and the drain pass once through every other stage, so
+/// a step takes m·t_slowest + Σ_other t_s (each over v with interleaving), not
+/// (m + p − 1)·t_slowest: exactly what the schedules the trainer runs take, with stages of
+/// equal and unequal times (a light first stage, a heavy last one, light inner ones).
+#[test]
+fn the_bubble_is_the_other_stages_once_each() {
+    let cases: [(&[f64], Kind, u32); 6] = [
+        (&[1.0, 1.0, 1.0, 1.0], Kind::OneFOneB, 8),
+        (&[0.8, 1.0, 1.0, 1.3], Kind::OneFOneB, 16),
+        (&[0.9, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2], Kind::OneFOneB, 32),
+        (&[1.0, 0.6, 0.6, 1.0], Kind::OneFOneB, 12),
+        (&[0.8, 1.0, 1.0, 1.3], Kind::Interleaved { chunks: 2 }, 16),
+        (&[1.0, 1.0, 1.0, 1.2], Kind::Interleaved { chunks: 3 }, 12),
+    ];
+    for (fwd, kind, m) in cases {
+        let v = match kind {
+            Kind::Interleaved { chunks } => chunks as f64,
+            _ => 1.0,
+        };
+        let t: Vec<f64> = fwd.iter().map(|f| 3.0 * f).collect(); // forward + backward
+        let slowest = t.iter().cloned().fold(0.0, f64::max);
+        let others: f64 = t.iter().sum::<f64>() - slowest;
+        let planned = m as f64 * slowest + others / v;
+        let before = m as f64 * slowest + (t.len() as f64 - 1.0) * slowest / v;
+        let got = timed_makespan(kind, fwd, m);
+        assert!(
+            (planned - got).abs() <= 1e-9 * got,
+            "{fwd:?} {kind:?} m {m}: simulated {got}, planned {planned}"
+        );
+        // (p − 1) slowest-stage times is right only when the stages are equal
+        let equal = fwd.iter().all(|f| *f == fwd[0]);
+        assert_eq!(
+            equal,
+            (before - got).abs() <= 1e-9 * got,
+            "{fwd:?} {kind:?}: {before} vs {got}"
+        );
+    }
+}
