@@ -356,7 +356,6 @@ fn is_one(x: &u32) -> bool {
 }
 
 impl ParallelConfig {
-    /// A plain layout with defaults for everything but the sizes.
     /// The buckets exatrain's trainer cuts its data-parallel gradients into, fp32 elements:
     /// `dp_bucket`, or its default 25 MB (`train --bucket-mb 25`, PyTorch DDP's); 0: one bucket
     /// per model chunk besides the embedding. The trainer cuts by it and the planner prices it.
@@ -364,6 +363,7 @@ impl ParallelConfig {
         self.dp_bucket.unwrap_or(25_000_000 / 4)
     }
 
+    /// A plain layout with defaults for everything but the sizes.
     pub fn new(tp: u32, pp: u32, dp: u32, micro_batch: u32, global_batch: u32) -> Self {
         ParallelConfig {
             tp,

@@ -279,9 +279,8 @@ mod tests {
                 ] {
                     let regions = Regions::new(&layout, 2, bucket).regions;
                     let planned = if bucket == 0 { f64::INFINITY } else { bucket as f64 };
-                    let trailing = (layout.lnfw.len() + layout.lnfb.len()) as f64;
                     let (tail, count) =
-                        exatrain_cost::trainer_buckets(blocks, block_p, trailing, params, planned, table);
+                        exatrain_cost::trainer_buckets(blocks, block_p, norm as f64, params, planned, table);
                     let what = format!("tp {tp} pp {pp} stage {s} bucket {bucket}");
                     assert_eq!(regions.len() as f64, count, "{what}: buckets");
                     // the table's region (first in the buffer) and the first blocks' are last
